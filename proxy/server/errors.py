@@ -1,0 +1,45 @@
+"""Turn `ProxyError`s (and aiohttp's own HTTP errors) into OpenAI-style JSON error responses."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.core.errors import ProxyError
+
+log = logging.getLogger("codec_proxy")
+
+
+def json_error(
+    status: int, message: str, *, error_type: str, code: str | None = None
+) -> web.Response:
+    """`{"error": {"message", "type", "code"}}`, the shape OpenAI clients already parse."""
+    body = {"error": {"message": message, "type": error_type, "code": code}}
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+    )
+
+
+def error_response(exc: ProxyError) -> web.Response:
+    return json_error(exc.status_hint, exc.message, error_type=exc.error_type, code=exc.code)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        log.info("%s %s -> %d %s", request.method, request.path, exc.status_hint, exc.message)
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_error(
+            413,
+            exc.text or "request body too large",
+            error_type="invalid_request_error",
+            code="body_too_large",
+        )

@@ -1,0 +1,15 @@
+"""Load a model's tokenizer exactly as its backend tokenizes text.
+
+    from proxy.tokenizers import load_tokenizer
+    loaded = load_tokenizer("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ids = loaded.tokenizer.encode(text, add_special_tokens=False).ids
+
+Sources: a GGUF file (byte-level BPE vocabularies, converted the way llama.cpp tokenizes), a
+Hugging Face tokenizer.json, or a directory that holds one.
+"""
+
+from proxy.tokenizers.errors import TokenizerLoadError
+from proxy.tokenizers.loaded import LoadedTokenizer
+from proxy.tokenizers.loader import load_tokenizer
+
+__all__ = ["LoadedTokenizer", "TokenizerLoadError", "load_tokenizer"]

@@ -1,0 +1,34 @@
+"""What a successful load hands to the rest of the proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import Tokenizer
+
+SourceKind = Literal["gguf", "tokenizer.json"]
+Encoder = Literal["byte_level", "metaspace"]
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer configured to reproduce the backend's own tokenization of plain text.
+
+    `tokenizer.encode(text, add_special_tokens=False).ids` equals what the backend's `/tokenize`
+    returns without special-token parsing (llama.cpp: `parse_special: false`).
+    `encode_special_tokens` is on, so a control token's text (`<|im_start|>`) inside generated
+    text is tokenized as ordinary text, as the model itself would have produced it.
+    """
+
+    tokenizer: Tokenizer
+    source: Path
+    source_kind: SourceKind
+    encoder: Encoder
+    vocab_size: int  # number of ids: max(id) + 1 over the vocabulary and the added tokens
+    pre_type: str | None  # GGUF `tokenizer.ggml.pre`; None for tokenizer.json
+    special_tokens: Mapping[str, int]  # control / special added tokens, name -> id
+    eos_token_ids: tuple[int, ...]  # may be empty when the source does not say
+    published_at: str | None  # source file mtime, UTC, ISO 8601 with a trailing "Z"

@@ -1,0 +1,46 @@
+"""Shared fixtures: cached real assets and the real llama.cpp backend (one per test session)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from proxy import assets
+from proxy.embedded import EmbeddedBackend
+from proxy.server.keys import Vocabulary
+from proxy.tokenizers import LoadedTokenizer, load_tokenizer
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("deep", max_examples=5000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    return assets.SMOLLM2_GGUF.ensure()
+
+
+@pytest.fixture(scope="session")
+def llama_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a real llama.cpp server running SmolLM2-135M-Instruct on 127.0.0.1."""
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    with EmbeddedBackend(smollm2_gguf, parallel=4, log_path=log) as backend:
+        yield backend.url
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf: Path) -> LoadedTokenizer:
+    """The bundled model's tokenizer, read from its GGUF as the proxy does."""
+    return load_tokenizer(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_vocabulary(smollm2_tokenizer: LoadedTokenizer) -> Vocabulary:
+    """The tokenizer plus its retokenizer scheme, built once (it takes about a second)."""
+    return Vocabulary.build(smollm2_tokenizer)

@@ -1,0 +1,164 @@
+"""A fake OpenAI backend that replays responses captured from real llama.cpp and vLLM servers.
+
+The captures (tests/fixtures/upstream/) are the bytes those servers really sent. The fake
+serves them back, cut into chunks as a network would, and can inject faults: drop the
+connection mid-stream, slip in a malformed or error event, or stall between events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+UPSTREAM_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "upstream"
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One captured HTTP response: status line, headers as sent, body bytes."""
+
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    @property
+    def is_sse(self) -> bool:
+        return any(
+            name.lower() == "content-type" and value.startswith("text/event-stream")
+            for name, value in self.headers
+        )
+
+    @property
+    def events(self) -> list[bytes]:
+        """The SSE body cut into events, each with its blank-line terminator."""
+        return [part + b"\n\n" for part in self.body.split(b"\n\n") if part]
+
+    def stream_text(self, *, chat: bool = False) -> str:
+        """Concatenated generated text of the capture's choice 0."""
+        text = []
+        for event in self.events:
+            data = event.decode().removeprefix("data: ").strip()
+            if data == "[DONE]":
+                continue
+            choices = json.loads(data).get("choices") or []
+            for choice in choices:
+                if chat:
+                    text.append(choice.get("delta", {}).get("content") or "")
+                else:
+                    text.append(choice.get("text", ""))
+        return "".join(text)
+
+
+def load_capture(name: str) -> Capture:
+    raw = (UPSTREAM_FIXTURES / name).read_bytes()
+    if not raw.startswith(b"HTTP/"):
+        # Body-only captures are llama.cpp SSE streams.
+        return Capture(200, "OK", (("Content-Type", "text/event-stream"),), raw)
+    blank_line = re.search(rb"\r?\n\r?\n", raw)
+    assert blank_line is not None, name
+    head, body = raw[: blank_line.start()], raw[blank_line.end() :]
+    status_line, *lines = re.split(r"\r?\n", head.decode("latin-1"))
+    _, status, reason = status_line.split(" ", 2)
+    headers = []
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.lower() in ("date", "transfer-encoding", "content-length", "keep-alive"):
+            continue
+        headers.append((name, value.strip()))
+    return Capture(int(status), reason, tuple(headers), body)
+
+
+@dataclass
+class Script:
+    """What the fake answers next, and how."""
+
+    capture: Capture
+    chunk_size: int | None = None  # None: one write per event
+    delay: float = 0.0  # seconds between writes
+    drop_after_events: int | None = None  # close the connection abruptly after N events
+    inject_after_events: int | None = None  # insert `inject` after N events
+    inject: bytes = b""
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path_qs: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeUpstream:
+    """State of one fake backend: the script it follows and every request it received."""
+
+    script: Script = field(
+        default_factory=lambda: Script(load_capture("llamacpp-completions-sample.txt"))
+    )
+    requests: list[RecordedRequest] = field(default_factory=list)
+    # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
+    # proxy hung up on us, as it must when its client leaves).
+    outcomes: list[str] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append(
+            RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
+        )
+        if request.path == "/health":
+            return web.json_response({"status": "ok"})
+        if request.path == "/v1/models":
+            return web.json_response(
+                {"object": "list", "data": [{"id": "smollm2", "object": "model"}]}
+            )
+        return await self._replay(request)
+
+    async def _replay(self, request: web.Request) -> web.StreamResponse:
+        script = self.script
+        capture = script.capture
+        response = web.StreamResponse(status=capture.status, reason=capture.reason)
+        for name, value in capture.headers:
+            response.headers.add(name, value)
+        if not capture.is_sse:
+            response.content_length = len(capture.body)
+            await response.prepare(request)
+            await response.write(capture.body)
+            await response.write_eof()
+            return response
+        await response.prepare(request)
+        try:
+            for index, event in enumerate(capture.events):
+                if script.drop_after_events == index:
+                    assert request.transport is not None
+                    request.transport.close()
+                    self.outcomes.append("dropped")
+                    return response
+                if script.inject_after_events == index:
+                    await response.write(script.inject)
+                for piece in _pieces(event, script.chunk_size):
+                    await response.write(piece)
+                    if script.delay:
+                        await asyncio.sleep(script.delay)
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            self.outcomes.append("aborted")
+            raise
+        self.outcomes.append("complete")
+        return response
+
+
+def _pieces(data: bytes, size: int | None) -> list[bytes]:
+    if size is None:
+        return [data]
+    return [data[i : i + size] for i in range(0, len(data), size)]

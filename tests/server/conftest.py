@@ -1,0 +1,58 @@
+"""The proxy in process, in front of a fake upstream that replays real captured streams."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.server import create_app
+from proxy.server.keys import Vocabulary
+from proxy.settings import Settings
+from tests.fake_upstream import FakeUpstream
+
+AiohttpServer = Callable[..., Awaitable[TestServer]]
+ProxyClient = TestClient[web.Request, web.Application]
+AiohttpClient = Callable[..., Awaitable[ProxyClient]]
+MakeProxy = Callable[..., Awaitable[ProxyClient]]
+
+
+@pytest.fixture
+def upstream() -> FakeUpstream:
+    return FakeUpstream()
+
+
+@pytest.fixture
+async def upstream_url(upstream: FakeUpstream, aiohttp_server: AiohttpServer) -> str:
+    server = await aiohttp_server(upstream.app())
+    return str(server.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+def settings(upstream_url: str, smollm2_gguf: Path) -> Settings:
+    return Settings(upstream=upstream_url, tokenizer=smollm2_gguf)
+
+
+@pytest.fixture
+async def proxy(
+    settings: Settings, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
+) -> ProxyClient:
+    """A client talking to the proxy, which talks to the fake upstream."""
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+
+
+@pytest.fixture
+def make_proxy(
+    settings: Settings, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
+) -> MakeProxy:
+    """A proxy with some settings changed."""
+
+    async def make(**changes: Any) -> ProxyClient:
+        return await aiohttp_client(create_app(replace(settings, **changes), smollm2_vocabulary))
+
+    return make

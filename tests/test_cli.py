@@ -1,0 +1,60 @@
+"""The command line: settings from a file and flags, and clear one-line failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import build_parser, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_example_config_loads_and_flags_override_it() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--config", str(REPO / "config" / "codec-proxy.example.toml"), "--port", "9999"]
+    )
+    settings = load_settings(args)
+    assert settings.upstream == "http://127.0.0.1:8000"
+    assert settings.port == 9999
+    assert settings.max_event_bytes == 1 << 20
+
+
+def test_unknown_config_key_is_one_clear_line(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\nportt = 1\n')
+    args = build_parser().parse_args(["serve", "--config", str(config)])
+    with pytest.raises(SystemExit, match=r"unknown config key.*portt"):
+        load_settings(args)
+
+
+def test_missing_upstream_is_reported() -> None:
+    args = build_parser().parse_args(["serve", "--tokenizer", "x.gguf"])
+    with pytest.raises(SystemExit, match="--upstream is required"):
+        load_settings(args)
+
+
+@pytest.mark.parametrize("runner", [["-m", "proxy"]])
+def test_bad_tokenizer_fails_at_start_with_one_line(tmp_path: Path, runner: list[str]) -> None:
+    missing = tmp_path / "nope.gguf"
+    result = subprocess.run(
+        [
+            sys.executable,
+            *runner,
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--tokenizer",
+            str(missing),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert str(missing) in lines[0]
