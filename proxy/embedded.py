@@ -113,7 +113,9 @@ def _serve(model: str, port: int, parallel: int, ctx_size: int) -> None:
     params.model.path = model
     params.n_ctx = ctx_size
     params.n_parallel = parallel
-    threads = max(1, min(4, os.cpu_count() or 1))
+    # Leave one core to the proxy: llama.cpp's threads wait for each other at every step, so
+    # one of them preempted by the proxy (or a test) stalls generation for everyone.
+    threads = max(1, min(4, (os.cpu_count() or 1) - 1))
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     params.hostnames = ["127.0.0.1"]

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.core.errors import UpstreamProtocolError
 
 __all__ = [
@@ -88,11 +90,21 @@ def parse_chat_chunk(data: str) -> ChunkResult:
     return _parse_chunk(data, _chat_text)
 
 
+def _loads(data: str) -> Any:
+    # orjson is about 3x faster than json on a typical 250-byte chunk, and this runs once per
+    # generated token. It refuses an escaped lone surrogate ("\ud83c") that json accepts and
+    # some servers emit when they cut a UTF-16 pair in two; json decides those rare cases.
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def _parse_chunk(data: str, text_of: Callable[[dict[str, Any]], str]) -> ChunkResult:
     if data == _DONE_SENTINEL:
         return _STREAM_DONE
     try:
-        chunk = json.loads(data)
+        chunk = _loads(data)
     except (ValueError, RecursionError) as exc:
         if data.strip() == _DONE_SENTINEL:
             return _STREAM_DONE
