@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
-from proxy.core.frames import Frame, FrameEncoder
+from proxy.core.frames import FrameEncoder
 from proxy.core.transcode import ChunkParser, CodecTranscoder
+from proxy.server.frame_sink import DirectFrameSink, FrameSink
 from proxy.server.keys import SETTINGS, UPSTREAM, VOCABULARY
 from proxy.server.relay import forward_headers, relay_response, upstream_call
 
@@ -35,40 +37,45 @@ _DRAIN_LIMIT_BYTES = 64 * 1024
 _DRAIN_SECONDS = 1.0
 
 
-def codec_headers(encoder: FrameEncoder) -> dict[str, str]:
-    return {
-        "Content-Type": encoder.content_type,
-        # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-        # The body depends on both (v0.6-wire §2.2: Codec-Client-Version, or caches poison).
-        "Vary": "Accept-Encoding, Codec-Client-Version",
-    }
+@dataclass(frozen=True)
+class CodecPlan:
+    """Everything decided about a Codec response before the upstream is contacted."""
+
+    upstream_path: str
+    upstream_body: bytes
+    encoder: FrameEncoder
+    parse_chunk: ChunkParser
+
+    def response_headers(self) -> dict[str, str]:
+        return {
+            "Content-Type": self.encoder.content_type,
+            # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            # The body depends on both (v0.6-wire §2.2: Codec-Client-Version, or caches poison).
+            "Vary": "Accept-Encoding, Codec-Client-Version",
+        }
 
 
-async def stream_codec(
-    request: web.Request,
-    *,
-    path: str,
-    body: bytes,
-    encoder: FrameEncoder,
-    parse_chunk: ChunkParser,
-) -> web.StreamResponse:
+async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
     async with upstream_call(
-        request.app[UPSTREAM], "POST", path, headers=headers, data=body
+        request.app[UPSTREAM], "POST", plan.upstream_path, headers=headers, data=plan.upstream_body
     ) as upstream:
         if upstream.status != 200:
             # Before the stream starts the upstream's own error is the best answer: pass it on.
             return await relay_response(request, upstream)
-        response = web.StreamResponse(status=200, headers=codec_headers(encoder))
+        response = web.StreamResponse(status=200, headers=plan.response_headers())
         await response.prepare(request)
         transcoder = CodecTranscoder(
-            request.app[VOCABULARY].scheme, parse_chunk, max_event_bytes=settings.max_event_bytes
+            request.app[VOCABULARY].scheme,
+            plan.parse_chunk,
+            max_event_bytes=settings.max_event_bytes,
         )
-        await _pump(upstream, transcoder, response, encoder)
-        await response.write_eof()
+        sink = DirectFrameSink(response, plan.encoder)
+        await _pump(upstream, transcoder, sink)
+        await sink.close()
         outcome = transcoder.outcome
         if outcome is not None and outcome.error:
             log.warning("codec stream ended with error: %s", outcome.error)
@@ -77,10 +84,7 @@ async def stream_codec(
 
 
 async def _pump(
-    upstream: aiohttp.ClientResponse,
-    transcoder: CodecTranscoder,
-    response: web.StreamResponse,
-    encoder: FrameEncoder,
+    upstream: aiohttp.ClientResponse, transcoder: CodecTranscoder, sink: FrameSink
 ) -> None:
     # Only upstream reads are guarded: a failed write means the client left, and that must
     # propagate so the upstream request is closed and the backend stops generating.
@@ -89,17 +93,12 @@ async def _pump(
         try:
             chunk = await chunks.__anext__()
         except StopAsyncIteration:
-            await _write(response, encoder, transcoder.end_of_upstream())
+            await sink.write(transcoder.end_of_upstream())
             return
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            await _write(response, encoder, transcoder.fail(f"upstream failed mid-stream: {exc!r}"))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            await sink.write(transcoder.fail(f"upstream failed mid-stream: {exc!r}"))
             return
-        await _write(response, encoder, transcoder.feed(chunk))
-
-
-async def _write(response: web.StreamResponse, encoder: FrameEncoder, frames: list[Frame]) -> None:
-    if frames:
-        await response.write(b"".join([encoder.encode(frame) for frame in frames]))
+        await sink.write(transcoder.feed(chunk))
 
 
 async def _drain(upstream: aiohttp.ClientResponse) -> None:

@@ -9,9 +9,9 @@ from proxy.core.errors import UnsupportedMediaType
 from proxy.core.frames import encoder_for
 from proxy.core.negotiation import wants_prefixed_msgpack
 from proxy.core.request import parse_completion_request
-from proxy.server.codec_stream import stream_codec
+from proxy.server.codec_stream import CodecPlan, stream_codec
 from proxy.server.keys import VOCABULARY
-from proxy.server.relay import relay
+from proxy.server.relay import relay, request_target
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -32,10 +32,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         parsed.stream_format,
         prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept")),
     )
-    return await stream_codec(
-        request,
-        path=request.raw_path if request.raw_path.startswith("/") else "/v1/completions",
-        body=parsed.upstream_body(),
+    plan = CodecPlan(
+        upstream_path=request_target(request),
+        upstream_body=parsed.upstream_body(),
         encoder=encoder,
         parse_chunk=parse_completion_chunk,
     )
+    return await stream_codec(request, plan)

@@ -1,0 +1,33 @@
+"""Where a Codec stream's frames go: encoded, written with backpressure, ended once."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from aiohttp import web
+
+from proxy.core.frames import Frame, FrameEncoder
+
+
+class FrameSink(Protocol):
+    """Takes a stream's frames in order; `close()` after the terminal frame."""
+
+    async def write(self, frames: list[Frame]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class DirectFrameSink:
+    """Encode and write every batch of frames at once (identity encoding)."""
+
+    def __init__(self, response: web.StreamResponse, encoder: FrameEncoder) -> None:
+        self._response = response
+        self._encode = encoder.encode
+
+    async def write(self, frames: list[Frame]) -> None:
+        if frames:
+            # Awaited: a client that reads slowly slows our reads from the upstream.
+            await self._response.write(b"".join([self._encode(frame) for frame in frames]))
+
+    async def close(self) -> None:
+        await self._response.write_eof()
