@@ -3,6 +3,7 @@
 codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
 codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
 codec-proxy client [--url URL] [--format msgpack|protobuf] [--max-tokens N] PROMPT
+codec-proxy dict train --tokenizer PATH --format msgpack|protobuf --corpus DIR_OR_FILE --out FILE
 """
 
 from __future__ import annotations
@@ -38,6 +39,33 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     parser.add_argument("--model", help="model name for Codec requests that do not name one")
     parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument(
+        "--flush-interval-ms",
+        type=float,
+        help="compressed streams: longest a frame waits for its flush (0: flush every frame)",
+    )
+    parser.add_argument(
+        "--flush-frames",
+        type=int,
+        help="compressed streams: flush once this many frames are pending (0: every frame)",
+    )
+    parser.add_argument(
+        "--merge-frames",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send the frames of one flush window as one frame (default: on)",
+    )
+    parser.add_argument(
+        "--zstd-dict",
+        dest="zstd_dicts",
+        action="append",
+        metavar="FORMAT=PATH",
+        help="zstd dictionary for msgpack or protobuf responses (repeatable)",
+    )
+    parser.add_argument(
+        "--dictionaries-manifest",
+        help="manifest of trained dictionaries to load ('none': none; default: the shipped one)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--no-compare", action="store_true", help="skip the JSON-SSE request used for comparison"
     )
+
+    dictionaries = commands.add_parser("dict", help="zstd dictionaries for compressed streams")
+    dict_commands = dictionaries.add_subparsers(dest="dict_command", required=True)
+    train = dict_commands.add_parser(
+        "train", help="train a dictionary on sample streams shaped like the proxy's output"
+    )
+    from proxy.dictionaries.train import add_train_arguments
+
+    add_train_arguments(train)
     return parser
 
 
@@ -97,10 +134,16 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
         if values.get(required) is None:
             raise SystemExit(f"codec-proxy: --{required} is required (or '{required}' in --config)")
     values["tokenizer"] = Path(values["tokenizer"])
+    if "zstd_dicts" in values:
+        values["zstd_dicts"] = tuple(values["zstd_dicts"])
+    if "dictionaries_manifest" in values:
+        manifest = values["dictionaries_manifest"]
+        values["dictionaries_manifest"] = None if manifest in (None, "", "none") else Path(manifest)
     return Settings(**values)
 
 
 def run_proxy(settings: Settings, *, banner: str = "") -> None:
+    from proxy.core.dictionaries import DictionaryError
     from proxy.server import create_app
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
@@ -108,7 +151,10 @@ def run_proxy(settings: Settings, *, banner: str = "") -> None:
         tokenizer = load_tokenizer(settings.tokenizer)
     except TokenizerLoadError as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    app = create_app(settings, tokenizer)
+    try:
+        app = create_app(settings, tokenizer)
+    except DictionaryError as exc:
+        raise SystemExit(f"codec-proxy: {exc.message}") from exc
 
     def announce(*_: object) -> None:
         print(
@@ -178,6 +224,12 @@ def client(args: argparse.Namespace) -> int:
     return asyncio.run(run_client(args))
 
 
+def dictionary(args: argparse.Namespace) -> int:
+    from proxy.dictionaries.train import run_train
+
+    return run_train(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -185,5 +237,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    handlers = {"serve": serve, "embedded": embedded, "client": client}
+    handlers = {"serve": serve, "embedded": embedded, "client": client, "dict": dictionary}
     return handlers[args.command](args)

@@ -15,9 +15,14 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from proxy.core.compressors import StreamCompressor, new_compressor
+from proxy.core.content_coding import IDENTITY, ZSTD, ContentCoding
+from proxy.core.dictionaries import LoadedZstdDictionary
+from proxy.core.flush import FlushConfig
 from proxy.core.frames import FrameEncoder
 from proxy.core.transcode import ChunkParser, CodecTranscoder
-from proxy.server.frame_sink import DirectFrameSink, FrameSink
+from proxy.server.compressing_sink import CompressingFrameSink
+from proxy.server.frame_sink import FrameSink
 from proxy.server.keys import SETTINGS, UPSTREAM, VOCABULARY
 from proxy.server.relay import forward_headers, relay_response, upstream_call
 
@@ -45,9 +50,12 @@ class CodecPlan:
     upstream_body: bytes
     encoder: FrameEncoder
     parse_chunk: ChunkParser
+    # Negotiated from Accept-Encoding (core/content_coding.py); zstd carries its dictionary.
+    coding: ContentCoding = IDENTITY
+    zstd_dictionary: LoadedZstdDictionary | None = None
 
     def response_headers(self) -> dict[str, str]:
-        return {
+        headers = {
             "Content-Type": self.encoder.content_type,
             # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
             "Cache-Control": "no-cache",
@@ -55,6 +63,15 @@ class CodecPlan:
             # The body depends on both (v0.6-wire §2.2: Codec-Client-Version, or caches poison).
             "Vary": "Accept-Encoding, Codec-Client-Version",
         }
+        if self.coding != IDENTITY:
+            headers["Content-Encoding"] = self.coding
+        if self.coding == ZSTD and self.zstd_dictionary is not None:
+            # MUST on every zstd response and only there (codec-spec.md §4, §5).
+            headers["Codec-Zstd-Dict"] = self.zstd_dictionary.record.hash
+        return headers
+
+    def new_compressor(self) -> StreamCompressor:
+        return new_compressor(self.coding, self.zstd_dictionary)
 
 
 async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
@@ -73,9 +90,15 @@ async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespo
             plan.parse_chunk,
             max_event_bytes=settings.max_event_bytes,
         )
-        sink = DirectFrameSink(response, plan.encoder)
-        await _pump(upstream, transcoder, sink)
-        await sink.close()
+        flush = FlushConfig(
+            settings.flush_interval_ms, settings.flush_frames, merge=settings.merge_frames
+        )
+        sink = CompressingFrameSink(response, plan.encoder, plan.new_compressor(), flush)
+        try:
+            await _pump(upstream, transcoder, sink)
+            await sink.close()
+        finally:
+            sink.abort()
         outcome = transcoder.outcome
         if outcome is not None and outcome.error:
             log.warning("codec stream ended with error: %s", outcome.error)

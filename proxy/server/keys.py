@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from proxy.core.dictionaries import ZstdDictionaries
 from proxy.core.retokenizer import RetokenizerScheme
 from proxy.server.upstream import Upstream
 from proxy.settings import Settings
@@ -28,3 +29,6 @@ SETTINGS = web.AppKey("settings", Settings)
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
 UPSTREAM = web.AppKey("upstream", Upstream)
 SCHEMA_TEXT = web.AppKey("schema_text", str)
+# Loaded zstd dictionaries, at most one per wire format. `.records` are the tokenizer map's
+# `zstd_dictionaries[]` entries ({format, url, hash, size_bytes, trained_at?, corpus_summary?}).
+ZSTD_DICTIONARIES = web.AppKey("zstd_dictionaries", ZstdDictionaries)
