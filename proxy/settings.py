@@ -34,7 +34,7 @@ class Settings:
     # when `flush_frames` frames are pending; 0 flushes every frame. The first frame is always
     # flushed at once. Defaults measured in docs/COMPRESSION.md.
     flush_interval_ms: float = 50.0
-    flush_frames: int = 64
+    flush_frames: int = 32
     # Frames of one flush window leave as one frame: fewer bytes, same latency.
     merge_frames: bool = True
     # zstd dictionaries (codec-spec.md §5: zstd only with one). The manifest's are loaded at

@@ -84,6 +84,8 @@ class Script:
     drop_after_events: int | None = None  # close the connection abruptly after N events
     inject_after_events: int | None = None  # insert `inject` after N events
     inject: bytes = b""
+    stall_after_events: int | None = None  # go quiet for `stall` seconds after N events
+    stall: float = 0.0
 
 
 @dataclass
@@ -105,9 +107,12 @@ class FakeUpstream:
     # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
     # proxy hung up on us, as it must when its client leaves).
     outcomes: list[str] = field(default_factory=list)
+    # Event-loop times at which scripted stalls began.
+    stalled_at: list[float] = field(default_factory=list)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        # Request bodies are recorded as sent, content coding and all.
+        app = web.Application(handler_args={"auto_decompress": False})
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
@@ -146,6 +151,9 @@ class FakeUpstream:
                     return response
                 if script.inject_after_events == index:
                     await response.write(script.inject)
+                if script.stall_after_events == index:
+                    self.stalled_at.append(asyncio.get_running_loop().time())
+                    await asyncio.sleep(script.stall)
                 for piece in _pieces(event, script.chunk_size):
                     await response.write(piece)
                     if script.delay:
