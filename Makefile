@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8080
 
-.PHONY: run test lint format proto assets bench clean
+.PHONY: run test lint format proto assets bench dictionaries clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,21 @@ bench: $(STAMP)
 	$(PY) -m proxy.assets
 	$(PY) bench/wire.py
 	$(PY) bench/throughput.py
+	$(PY) bench/compression.py
+
+## Retrain the shipped zstd dictionaries (docs/COMPRESSION.md). The corpus is SmolLM2's own
+## output, committed in dictionaries/corpus/; delete it to regenerate it (about an hour of CPU).
+DICT_CORPUS := dictionaries/corpus/smollm2-generated.txt
+DICT_SUMMARY := 90 completions written by SmolLM2-135M-Instruct (Apache-2.0) in llama.cpp \
+  for fixed prompts and seeds (python -m proxy.dictionaries.generate); redistributable
+dictionaries: $(STAMP)
+	$(PY) -m proxy.assets
+	test -f $(DICT_CORPUS) || $(PY) -m proxy.dictionaries.generate --out $(DICT_CORPUS)
+	for fmt in msgpack protobuf; do \
+	  $(VENV)/bin/codec-proxy dict train --tokenizer "$$($(PY) -c 'from proxy import assets; print(assets.SMOLLM2_GGUF.ensure())')" \
+	    --format $$fmt --corpus $(DICT_CORPUS) --out dictionaries/smollm2-$$fmt-v1.zstd \
+	    --corpus-summary "$(DICT_SUMMARY)" || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
