@@ -22,8 +22,8 @@ flush that made it decodable (including the measured encode + compress time); CP
 thread time of encoding + compressing, per token.
 
 Part 2, `live`: the real proxy (a `codec-proxy serve` child process) in front of a fake
-upstream that replays natural 2048-token streams at 50 tokens/s, all formats and codings at
-once, with the default policy and with per-frame flushing. A client decompresses as bytes
+upstream that replays natural 2048-token streams at 50 tokens/s, each format and coding in
+turn, with the default policy and with per-frame flushing. A client decompresses as bytes
 arrive (the zstd dictionary picked by codecai's `select_zstd_dict_for_response`) and records
 when each token becomes decodable; latency is measured from the moment the upstream wrote the
 delta that produced the token.
@@ -153,7 +153,8 @@ def _token_texts(tokenizer: LoadedTokenizer, ids: Sequence[int]) -> list[str]:
 def llamacpp_traces(lengths: Sequence[int], streams: int) -> list[Trace]:
     cache = assets.cache_dir() / "bench" / "compression-llamacpp.json"
     cached: dict[str, Any] = json.loads(cache.read_text()) if cache.exists() else {}
-    wanted = [(p, n) for n in lengths for p in LLAMA_PROMPTS[: streams if n >= 2048 else 3]]
+    # One 2048-token stream in a full run (a few minutes of CPU generation); three shorter.
+    wanted = [(p, n) for n in lengths for p in LLAMA_PROMPTS[: 1 if n >= 2048 else streams]]
     missing = [(p, n) for p, n in wanted if f"{n}:{p}" not in cached]
     if missing:
         model = assets.SMOLLM2_GGUF.ensure()
@@ -186,7 +187,8 @@ async def _capture(base: str, prompt: str, length: int) -> list[tuple[float, byt
     }
     events: list[tuple[float, bytes]] = []
     buffer = b""
-    async with aiohttp.ClientSession() as session:
+    # No total timeout: a 2048-token generation on a busy CPU takes minutes.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = None
         async with session.post(f"{base}/v1/completions", json=body) as response:
             async for chunk in response.content.iter_any():
@@ -481,7 +483,6 @@ async def run_live(
     combos = [(fmt, coding) for fmt in FORMATS for coding in CODINGS]
     rows = []
     for interval in intervals:
-        # One trace per (format, coding): all play at once, as concurrent clients would.
         jobs = [(i, fmt, coding) for i, (fmt, coding) in enumerate(combos)]
         replay = ReplayUpstream([traces[i % len(traces)] for i, _, _ in jobs])
         runner = web.AppRunner(replay.app())
@@ -510,9 +511,11 @@ async def run_live(
         try:
             base = f"http://127.0.0.1:{proxy_port}"
             await _wait_ready(base)
-            results = await asyncio.gather(
-                *(_client_stream(base, i, fmt, coding, loaded) for i, fmt, coding in jobs)
-            )
+            # One stream at a time: on a small shared machine, concurrent streams would
+            # measure the CPU queue, not the flush policy.
+            results = [
+                await _client_stream(base, i, fmt, coding, loaded) for i, fmt, coding in jobs
+            ]
         finally:
             proxy.terminate()
             await proxy.wait()
@@ -645,6 +648,124 @@ def plot(rows: Sequence[dict[str, Any]], corpus: str, length: int, out: Path) ->
     out.write_text("\n".join(parts) + "\n")
 
 
+# --- markdown tables ----------------------------------------------------------------------
+
+_POLICIES: tuple[float | str, ...] = (*INTERVALS, WHOLE)
+
+
+def _policy_name(policy: float | str) -> str:
+    return "whole" if policy == WHOLE else f"{float(policy):g} ms"
+
+
+def _find(rows: Sequence[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    """The tables docs/COMPRESSION.md quotes, from the JSON results."""
+    sim = document["simulated"]
+    lengths = sorted({r["length"] for r in sim})
+    corpora = sorted({r["corpus"] for r in sim}, reverse=True)
+    head = "| | " + " | ".join(_policy_name(p) for p in _POLICIES) + " |"
+    rule = "|---|" + "---:|" * len(_POLICIES)
+    out: list[str] = []
+
+    def name(coding: str) -> str:
+        return "dict-zstd" if coding == "zstd" else coding
+
+    for corpus in corpora:
+        for length in lengths:
+            for fmt in FORMATS:
+                out += [f"**{corpus}, {length} tokens, {fmt}**: bytes/token, merged frames", ""]
+                out += [head, rule]
+                for coding in CODINGS:
+                    cells = []
+                    for policy in _POLICIES:
+                        row = _find(
+                            sim,
+                            corpus=corpus,
+                            length=length,
+                            format=fmt,
+                            coding=coding,
+                            flush_interval_ms=policy,
+                            merge=True,
+                        )
+                        cells.append("" if row is None else f"{row['bytes_per_token']:.2f}")
+                    out.append(f"| {name(coding)} | " + " | ".join(cells) + " |")
+                out.append("")
+    longest = max(lengths)
+    for title, key, merge in (
+        ("unmerged frames (one frame per upstream read): bytes/token", "bytes_per_token", False),
+        ("CPU (encode + compress) µs/token, merged frames", "cpu_us_per_token", True),
+    ):
+        for fmt in FORMATS:
+            out += [f"**natural, {longest} tokens, {fmt}**: {title}", "", head, rule]
+            for coding in CODINGS:
+                cells = []
+                for policy in _POLICIES:
+                    row = _find(
+                        sim,
+                        corpus="natural",
+                        length=longest,
+                        format=fmt,
+                        coding=coding,
+                        flush_interval_ms=policy,
+                        merge=merge,
+                    )
+                    cells.append("" if row is None else f"{row[key]:.2f}")
+                out.append(f"| {name(coding)} | " + " | ".join(cells) + " |")
+            out.append("")
+    out += [
+        f"**Latency from upstream delta to decodable (simulated), natural, {longest} tokens, "
+        "msgpack, gzip, merged**: ms",
+        "",
+        "| | p50 | p99 | max |",
+        "|---|---:|---:|---:|",
+    ]
+    for policy in _POLICIES:
+        row = _find(
+            sim,
+            corpus="natural",
+            length=longest,
+            format="msgpack",
+            coding="gzip",
+            flush_interval_ms=policy,
+            merge=True,
+        )
+        if row is not None:
+            lat = row["latency_ms"]
+            out.append(
+                f"| {_policy_name(policy)} | {lat['p50']:.2f} | {lat['p99']:.2f} | "
+                f"{lat['max']:.2f} |"
+            )
+    out += ["", "**Encoder effort at the default policy, natural text, merged**", ""]
+    out += ["| format | encoder | B/token | CPU µs/token |", "|---|---|---:|---:|"]
+    for row in document["levels"]:
+        out.append(
+            f"| {row['format']} | {row['encoder']} | {row['bytes_per_token']:.2f} | "
+            f"{row['cpu_us_per_token']:.2f} |"
+        )
+    if document["live"]:
+        out += ["", "**Live, through the real proxy** (natural text, 50 tokens/s)", ""]
+        out += [
+            "| flush interval | format | coding | B/token | first token ms | p50 ms | p99 ms "
+            "| max ms |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in document["live"]:
+            lat = row["latency_ms"]
+            out.append(
+                f"| {_policy_name(row['flush_interval_ms'])} | {row['format']} | "
+                f"{name(row['coding'])} | {row['bytes_per_token']:.2f} | "
+                f"{row['first_token_ms']:.2f} | {lat['p50']:.2f} | {lat['p99']:.2f} | "
+                f"{lat['max']:.2f} |"
+            )
+    return "\n".join(out) + "\n"
+
+
 # --- main ---------------------------------------------------------------------------------
 
 
@@ -688,6 +809,7 @@ def main() -> None:
             "quick": args.quick,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
             "python": platform.python_version(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "natural_rate_tokens_per_s": RATE,
             "defaults": {
                 "flush_interval_ms": DEFAULTS.flush_interval_ms,
@@ -703,6 +825,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(render_markdown(document))
     if not args.quick:
         plot(simulated, "natural", longest, PLOT)
     print(f"wrote {args.out}", flush=True)
