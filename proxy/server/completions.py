@@ -15,7 +15,12 @@ from proxy.server.keys import SETTINGS, VOCABULARY, ZSTD_DICTIONARIES
 from proxy.server.relay import relay, request_target
 
 
-async def read_body(request: web.Request) -> tuple[bytes, bytes]:
+async def read_body(request: web.Request) -> bytes:
+    """The request body with its content coding removed, capped (413 beyond the limit)."""
+    return (await read_body_as_sent_and_decoded(request))[1]
+
+
+async def read_body_as_sent_and_decoded(request: web.Request) -> tuple[bytes, bytes]:
     """The body as sent and decoded: each capped at max_body_bytes (413 beyond it)."""
     # The app reads bodies without aiohttp's decompression; client_max_size caps the raw bytes.
     raw = await request.read()
@@ -34,7 +39,7 @@ def _combined(request: web.Request, name: str) -> str | None:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    raw, body = await read_body(request)
+    raw, body = await read_body_as_sent_and_decoded(request)
     vocabulary = request.app[VOCABULARY]
     parsed = parse_completion_request(body, vocab_size=vocabulary.loaded.vocab_size)
     if not parsed.is_codec:
