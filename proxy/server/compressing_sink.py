@@ -43,6 +43,7 @@ class CompressingFrameSink:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._finished = False  # the compressor has been finished (terminal frame sent)
 
     async def write(self, frames: list[Frame]) -> None:
         self._raise_failure()
@@ -68,7 +69,10 @@ class CompressingFrameSink:
             await self._timer_task
         self._raise_failure()
         async with self._lock:
-            data = self._take_pending() + self._compressor.finish()
+            data = self._take_pending()
+            if not self._finished:
+                data += self._compressor.finish()
+                self._finished = True
             if data:
                 await self._response.write(data)
         await self._response.write_eof()
@@ -116,7 +120,11 @@ class CompressingFrameSink:
             self._arm_timer()
 
     def _take_pending(self) -> bytes:
-        """Everything pending, encoded, compressed and flushed (empty if nothing pending)."""
+        """Everything pending, encoded, compressed and flushed (empty if nothing pending).
+
+        With the terminal frame the compressor is finished instead of flushed: the end of the
+        stream makes everything decodable too, without a flush marker before it.
+        """
         if not self._pending:
             return b""
         frames = merge_frames(self._pending) if self._merge else self._pending
@@ -125,6 +133,9 @@ class CompressingFrameSink:
         feed = self._compressor.feed
         encode = self._encode
         out = b"".join([feed(encode(frame)) for frame in frames])
+        if frames[-1].done:
+            self._finished = True
+            return out + self._compressor.finish()
         return out + self._compressor.flush()
 
     def _raise_failure(self) -> None:
