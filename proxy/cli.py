@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy import __version__
+from proxy.core.token_source import TOKEN_ID_MODES
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -36,6 +37,12 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
     parser.add_argument("--model", help="model name for Codec requests that do not name one")
+    parser.add_argument(
+        "--token-ids",
+        choices=TOKEN_ID_MODES,
+        help="IDs in Codec frames: the backend's sampled IDs where it reports them (auto, the "
+        "default), always the backend's (backend), or always retokenized text (retokenize)",
+    )
     parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
@@ -62,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     client = commands.add_parser("client", help="stream a completion through the proxy as Codec")
     client.add_argument("prompt")
     client.add_argument("--url", default="http://127.0.0.1:8080")
-    client.add_argument("--format", choices=("msgpack", "protobuf"), default="msgpack")
+    client.add_argument(
+        "--format", choices=("msgpack", "msgpack-delta", "protobuf"), default="msgpack"
+    )
     client.add_argument("--max-tokens", type=int, default=64)
     client.add_argument("--temperature", type=float, default=0.0)
     client.add_argument(
@@ -97,6 +106,11 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
         if values.get(required) is None:
             raise SystemExit(f"codec-proxy: --{required} is required (or '{required}' in --config)")
     values["tokenizer"] = Path(values["tokenizer"])
+    if values.get("token_ids", "auto") not in TOKEN_ID_MODES:
+        raise SystemExit(
+            f"codec-proxy: token_ids must be one of {', '.join(TOKEN_ID_MODES)}, "
+            f"not {values['token_ids']!r}"
+        )
     return Settings(**values)
 
 

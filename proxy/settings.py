@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.core.token_source import TokenIdMode
+
 MiB = 1 << 20
 
 
@@ -26,3 +28,7 @@ class Settings:
     pool_limit_per_host: int = 0
     # Shorter than uvicorn's 5 s idle close, so we never reuse a connection it is closing (A8).
     keepalive_timeout: float = 4.0
+    # Where Codec frames' IDs come from: the backend's sampled IDs or retokenized text
+    # (auto|backend|retokenize; proxy/core/token_source.py, docs/ENDPOINTS.md). Retokenizing
+    # cannot recover a non-canonical split or an unrendered end-of-turn token; the backend can.
+    token_ids: TokenIdMode = "auto"

@@ -8,9 +8,12 @@ from importlib import resources
 from aiohttp import web
 
 from proxy.core.schema import served_schema
+from proxy.server.chat import chat_completions
 from proxy.server.completions import completions
 from proxy.server.errors import error_middleware
-from proxy.server.keys import SCHEMA_TEXT, SETTINGS, UPSTREAM, VOCABULARY, Vocabulary
+from proxy.server.keys import MODEL, SCHEMA_TEXT, SETTINGS, UPSTREAM, VOCABULARY, Vocabulary
+from proxy.server.model import ModelResolver
+from proxy.server.path_b import completions_codec
 from proxy.server.relay import relay_handler
 from proxy.server.upstream import Upstream, make_session
 from proxy.settings import Settings
@@ -25,6 +28,8 @@ async def schema(request: web.Request) -> web.Response:
 def routes() -> list[web.RouteDef]:
     return [
         web.post("/v1/completions", completions),
+        web.post("/v1/completions/codec", completions_codec),
+        web.post("/v1/chat/completions", chat_completions),
         web.get("/codec/schema", schema),
         # Everything else, any method: transparent pass-through to the upstream.
         web.route("*", "/{tail:.*}", relay_handler),
@@ -55,7 +60,9 @@ def create_app(
         tokenizer = Vocabulary.build(tokenizer or load_tokenizer(settings.tokenizer))
     app[VOCABULARY] = tokenizer
     proto = resources.files("proxy").joinpath("codec.proto").read_text()
-    app[SCHEMA_TEXT] = served_schema(proto, tool_calls=False)
+    # Chat streams carry tool calls, so field 4 and ToolCall are part of what we emit.
+    app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
+    app[MODEL] = ModelResolver(settings.model)
     app.cleanup_ctx.append(_upstream_context(settings))
     app.add_routes(routes())
     return app

@@ -6,10 +6,8 @@ from aiohttp import web
 
 from proxy.core.chunks import parse_completion_chunk
 from proxy.core.errors import UnsupportedMediaType
-from proxy.core.frames import encoder_for
-from proxy.core.negotiation import wants_prefixed_msgpack
 from proxy.core.request import parse_completion_request
-from proxy.server.codec_stream import CodecPlan, stream_codec
+from proxy.server.codec_stream import codec_plan, stream_codec
 from proxy.server.keys import VOCABULARY
 from proxy.server.relay import relay, request_target
 
@@ -28,14 +26,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_completion_request(raw, vocab_size=vocabulary.loaded.vocab_size)
     if not parsed.is_codec:
         return await relay(request, body=raw)
-    encoder = encoder_for(
-        parsed.stream_format,
-        prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept")),
-    )
-    plan = CodecPlan(
+    plan = codec_plan(
+        request,
         upstream_path=request_target(request),
-        upstream_body=parsed.upstream_body(),
-        encoder=encoder,
+        upstream=parsed.upstream(),
+        stream_format=parsed.stream_format,
         parse_chunk=parse_completion_chunk,
     )
     return await stream_codec(request, plan)

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from proxy.core.retokenizer import RetokenizerScheme
 from proxy.core.token_bytes import TokenBytes
+from proxy.server.model import ModelResolver
 from proxy.server.upstream import Upstream
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer
@@ -35,3 +36,4 @@ SETTINGS = web.AppKey("settings", Settings)
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
 UPSTREAM = web.AppKey("upstream", Upstream)
 SCHEMA_TEXT = web.AppKey("schema_text", str)
+MODEL = web.AppKey("model", ModelResolver)
