@@ -49,7 +49,9 @@ class Capture:
             choices = json.loads(data).get("choices") or []
             for choice in choices:
                 if chat:
-                    text.append(choice.get("delta", {}).get("content") or "")
+                    delta = choice.get("delta", {})
+                    text.append(delta.get("reasoning_content") or "")
+                    text.append(delta.get("content") or "")
                 else:
                     text.append(choice.get("text", ""))
         return "".join(text)
@@ -102,6 +104,11 @@ class FakeUpstream:
         default_factory=lambda: Script(load_capture("llamacpp-completions-sample.txt"))
     )
     requests: list[RecordedRequest] = field(default_factory=list)
+    # What GET /v1/models lists.
+    models: list[str] = field(default_factory=lambda: ["smollm2"])
+    # A JSON body with any of these top-level fields gets a 400, as a server that does not
+    # know them might answer (llama.cpp: logprobs with tools in a stream).
+    refuse_fields: tuple[str, ...] = ()
     # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
     # proxy hung up on us, as it must when its client leaves).
     outcomes: list[str] = field(default_factory=list)
@@ -119,9 +126,13 @@ class FakeUpstream:
         if request.path == "/health":
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":
-            return web.json_response(
-                {"object": "list", "data": [{"id": "smollm2", "object": "model"}]}
-            )
+            data = [{"id": name, "object": "model"} for name in self.models]
+            return web.json_response({"object": "list", "data": data})
+        if self.refuse_fields and body.startswith(b"{"):
+            refused = sorted(set(json.loads(body)) & set(self.refuse_fields))
+            if refused:
+                error = {"code": 400, "message": f"unsupported: {refused}", "type": "bad"}
+                return web.json_response({"error": error}, status=400)
         return await self._replay(request)
 
     async def _replay(self, request: web.Request) -> web.StreamResponse:
