@@ -129,8 +129,11 @@ class BackendIds:
             relative = end - self._base
             if relative > common:
                 break
-            if relative == len(raw) or not (
-                _UTF8_CONTINUATION_MIN <= raw[relative] <= _UTF8_CONTINUATION_MAX
+            # A cut at 0 keeps nothing: IDs that render no bytes "match" any text, and this
+            # chunk's IDs are already known to be wrong somewhere.
+            if relative > 0 and (
+                relative == len(raw)
+                or not _UTF8_CONTINUATION_MIN <= raw[relative] <= _UTF8_CONTINUATION_MAX
             ):
                 keep, cut = index + 1, relative
         out = []
