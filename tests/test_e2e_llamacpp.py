@@ -115,7 +115,10 @@ def mismatch_class(tokenizer: Tokenizer, ours: list[int], model: list[int], text
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=llama_server, tokenizer=smollm2_vocabulary.loaded.source)
+    # These tests measure the retokenizer; backend IDs are tests/test_e2e_token_ids.py's.
+    settings = Settings(
+        upstream=llama_server, tokenizer=smollm2_vocabulary.loaded.source, token_ids="retokenize"
+    )
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
