@@ -31,6 +31,20 @@ def test_unknown_config_key_is_one_clear_line(tmp_path: Path) -> None:
         load_settings(args)
 
 
+def test_token_ids_flag_config_and_default(tmp_path: Path) -> None:
+    example = str(REPO / "config" / "codec-proxy.example.toml")
+    args = build_parser().parse_args(["serve", "--config", example])
+    assert load_settings(args).token_ids == "auto"
+    args = build_parser().parse_args(["serve", "--config", example, "--token-ids", "retokenize"])
+    assert load_settings(args).token_ids == "retokenize"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--token-ids", "sometimes"])
+    config = tmp_path / "bad.toml"
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\ntoken_ids = "sometimes"\n')
+    with pytest.raises(SystemExit, match="token_ids must be one of auto, backend, retokenize"):
+        load_settings(build_parser().parse_args(["serve", "--config", str(config)]))
+
+
 def test_missing_upstream_is_reported() -> None:
     args = build_parser().parse_args(["serve", "--tokenizer", "x.gguf"])
     with pytest.raises(SystemExit, match="--upstream is required"):

@@ -96,6 +96,34 @@ async def test_configured_model_needs_no_lookup(
     assert json.loads(completion.body)["max_tokens"] == 256  # the spec is silent: vLLM's
 
 
+async def test_configured_model_fills_path_a_and_chat_requests_without_one(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(model="my-model")
+    messages = [{"role": "user", "content": "hi"}]
+    await post(proxy, "/v1/completions", json={"prompt": "x", "stream_format": "msgpack"})
+    await post(
+        proxy, "/v1/chat/completions", json={"messages": messages, "stream_format": "protobuf"}
+    )
+    await post(
+        proxy,
+        "/v1/completions",
+        json={"prompt": "x", "model": "theirs", "stream_format": "msgpack"},
+    )
+    assert [json.loads(r.body)["model"] for r in upstream.requests] == [
+        "my-model",
+        "my-model",
+        "theirs",
+    ]
+
+
+async def test_path_a_without_model_sends_none(proxy: ProxyClient, upstream: FakeUpstream) -> None:
+    # Only Path B must name a model; Path A leaves it to the backend, as before.
+    await post(proxy, "/v1/completions", json={"prompt": "x", "stream_format": "msgpack"})
+    assert [r.path_qs for r in upstream.requests] == ["/v1/completions"]
+    assert "model" not in json.loads(upstream.requests[0].body)
+
+
 @pytest.mark.parametrize("models", [[], ["a", "b"]])
 async def test_no_single_upstream_model_is_a_502(
     proxy: ProxyClient, upstream: FakeUpstream, models: list[str]
