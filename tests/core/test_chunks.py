@@ -451,3 +451,17 @@ def test_any_text_gives_a_result_or_a_protocol_error(parser: Parser, data: str) 
     except UpstreamProtocolError:
         return
     assert_well_typed(result)
+
+
+def test_synthetic_tool_call_stream_parses_into_deltas() -> None:
+    decoder = SSEDecoder()
+    body = read_capture("vllm-chat-tool-calls-synthetic.txt").body
+    results = [parse_chat_chunk(event.data) for event in decoder.feed(body)]
+    calls = [call for chunk in deltas(results) for call in chunk.tool_calls]
+    assert [(c.index, c.id, c.name) for c in calls if c.id] == [
+        (0, "chatcmpl-tool-8d1f", "get_weather"),
+        (1, "chatcmpl-tool-93ab", "get_time"),
+    ]
+    arguments = ["".join(c.arguments for c in calls if c.index == i) for i in (0, 1)]
+    assert arguments == ['{"city": "Paris"}', '{"tz": "CET"}']
+    assert all(chunk.token_ids for chunk in deltas(results)[1:-1])
