@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -154,11 +155,12 @@ def embedded(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args, upstream=backend.url, tokenizer=model)
         url = f"http://{settings.host}:{settings.port}"
+        command = _own_command()
         banner = "\n".join(
             [
                 f"llama.cpp server (SmolLM2-135M) on {backend.url}, log in {log_path}",
                 "Try it:",
-                f'  codec-proxy client --url {url} "The capital of France is"',
+                f'  {command} client --url {url} "The capital of France is"',
                 f"  curl -N {url}/v1/completions -H 'Content-Type: application/json' \\",
                 '    -d \'{"prompt": "Once upon a time", "max_tokens": 32, '
                 '"stream_format": "msgpack"}\' | xxd | head',
@@ -170,6 +172,17 @@ def embedded(args: argparse.Namespace) -> int:
     finally:
         backend.stop()
     return 0
+
+
+def _own_command() -> str:
+    """How to run codec-proxy again from here (the venv's script when not on PATH)."""
+    script = Path(sys.executable).parent / "codec-proxy"
+    if shutil.which("codec-proxy") == str(script) or not script.exists():
+        return "codec-proxy"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def client(args: argparse.Namespace) -> int:
