@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -84,6 +85,10 @@ class Script:
     drop_after_events: int | None = None  # close the connection abruptly after N events
     inject_after_events: int | None = None  # insert `inject` after N events
     inject: bytes = b""
+    header_delay: float = 0.0  # seconds before the status line is sent
+    stall_after_events: int | None = None  # go silent after N events...
+    stall_seconds: float = 0.0  # ...for this long
+    hang_up: bool = False  # read the request, then close the connection without answering
 
 
 @dataclass
@@ -102,6 +107,11 @@ class FakeUpstream:
         default_factory=lambda: Script(load_capture("llamacpp-completions-sample.txt"))
     )
     requests: list[RecordedRequest] = field(default_factory=list)
+    # The proxy's own health checks, kept apart from the traffic it relays.
+    health_checks: list[RecordedRequest] = field(default_factory=list)
+    health_code: int = 200
+    health_status: str = "ok"
+    server: Any = None  # the TestServer serving it, when a test needs to stop it
     # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
     # proxy hung up on us, as it must when its client leaves).
     outcomes: list[str] = field(default_factory=list)
@@ -113,9 +123,11 @@ class FakeUpstream:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(
-            RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
-        )
+        recorded = RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
+        if request.headers.get("User-Agent") == "codec-proxy-health-check":
+            self.health_checks.append(recorded)
+            return web.json_response({"status": self.health_status}, status=self.health_code)
+        self.requests.append(recorded)
         if request.path == "/health":
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":
@@ -127,6 +139,17 @@ class FakeUpstream:
     async def _replay(self, request: web.Request) -> web.StreamResponse:
         script = self.script
         capture = script.capture
+        if script.hang_up:
+            assert request.transport is not None
+            request.transport.close()
+            self.outcomes.append("hung_up")
+            return web.Response()
+        if script.header_delay:
+            try:
+                await asyncio.sleep(script.header_delay)
+            except asyncio.CancelledError:
+                self.outcomes.append("aborted")
+                raise
         response = web.StreamResponse(status=capture.status, reason=capture.reason)
         for name, value in capture.headers:
             response.headers.add(name, value)
@@ -146,6 +169,8 @@ class FakeUpstream:
                     return response
                 if script.inject_after_events == index:
                     await response.write(script.inject)
+                if script.stall_after_events == index:
+                    await asyncio.sleep(script.stall_seconds)
                 for piece in _pieces(event, script.chunk_size):
                     await response.write(piece)
                     if script.delay:

@@ -118,7 +118,7 @@ def mismatch_class(tokenizer: Tokenizer, ours: list[int], model: list[int], text
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=llama_server, tokenizer=smollm2_vocabulary.loaded.source)
+    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 

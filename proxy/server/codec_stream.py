@@ -10,16 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
-from proxy.core.frames import FrameEncoder
+from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.frames import Frame, FrameEncoder
 from proxy.core.transcode import ChunkParser, CodecTranscoder
-from proxy.server.frame_sink import DirectFrameSink, FrameSink
-from proxy.server.keys import SETTINGS, UPSTREAM, VOCABULARY
-from proxy.server.relay import forward_headers, relay_response, upstream_call
+from proxy.server.client_writer import ClientWriter
+from proxy.server.frame_sink import DirectFrameSink
+from proxy.server.keys import LIFECYCLE, METRICS, SETTINGS, UPSTREAM, VOCABULARY
+from proxy.server.lifecycle import is_shutdown
+from proxy.server.observe import RECORD
+from proxy.server.relay import forward_headers, relay_response
+from proxy.server.upstream import Exchange
 
 log = logging.getLogger("codec_proxy")
 
@@ -58,47 +64,97 @@ class CodecPlan:
 
 
 async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
+    app = request.app
+    record = request[RECORD]
+    record.mode = "codec"
+    record.stream_format = plan.encoder.stream_format
+    record.phase = "upstream_headers"
     headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
-    async with upstream_call(
-        request.app[UPSTREAM], "POST", plan.upstream_path, headers=headers, data=plan.upstream_body
-    ) as upstream:
-        if upstream.status != 200:
-            # Before the stream starts the upstream's own error is the best answer: pass it on.
-            return await relay_response(request, upstream)
-        response = web.StreamResponse(status=200, headers=plan.response_headers())
-        await response.prepare(request)
-        transcoder = CodecTranscoder(
-            request.app[VOCABULARY].scheme,
-            plan.parse_chunk,
-            max_event_bytes=settings.max_event_bytes,
-        )
-        sink = DirectFrameSink(response, plan.encoder)
-        await _pump(upstream, transcoder, sink)
-        await sink.close()
-        outcome = transcoder.outcome
-        if outcome is not None and outcome.error:
-            log.warning("codec stream ended with error: %s", outcome.error)
-        await _drain(upstream)
-    return response
+    active = app[METRICS].active_streams.labels("codec")
+    active.inc()
+    try:
+        with app[LIFECYCLE].tracking():
+            async with app[UPSTREAM].open(
+                "POST", plan.upstream_path, headers=headers, data=plan.upstream_body
+            ) as exchange:
+                record.upstream = exchange.upstream.url
+                if exchange.response.status != 200:
+                    # Before the stream starts the upstream's own error is the best answer.
+                    return await relay_response(request, exchange)
+                response = await _serve(request, plan, exchange)
+                record.bytes_in = exchange.bytes_in
+                return response
+    finally:
+        active.dec()
 
 
-async def _pump(
-    upstream: aiohttp.ClientResponse, transcoder: CodecTranscoder, sink: FrameSink
-) -> None:
-    # Only upstream reads are guarded: a failed write means the client left, and that must
-    # propagate so the upstream request is closed and the backend stops generating.
-    chunks = upstream.content.iter_any().__aiter__()
-    while not transcoder.done:
+async def _serve(request: web.Request, plan: CodecPlan, exchange: Exchange) -> web.StreamResponse:
+    app = request.app
+    settings = app[SETTINGS]
+    record = request[RECORD]
+    metrics = app[METRICS]
+    transcoder = CodecTranscoder(
+        app[VOCABULARY].scheme, plan.parse_chunk, max_event_bytes=settings.max_event_bytes
+    )
+    chunks = exchange.chunks().__aiter__()
+    overhead = metrics.overhead.labels("codec")
+
+    async def next_frames() -> list[Frame]:
         try:
             chunk = await chunks.__anext__()
         except StopAsyncIteration:
-            await sink.write(transcoder.end_of_upstream())
-            return
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            await sink.write(transcoder.fail(f"upstream failed mid-stream: {exc!r}"))
-            return
-        await sink.write(transcoder.feed(chunk))
+            return transcoder.end_of_upstream()
+        started = time.perf_counter()
+        frames = transcoder.feed(chunk)
+        overhead.observe(time.perf_counter() - started)
+        return frames
+
+    # Headers go out with the first frame: until then a timeout or an upstream failure is still
+    # a clean HTTP error (504/502) rather than an error frame.
+    record.phase = "first_token"
+    frames: list[Frame] = []
+    while not frames:
+        try:
+            frames = await next_frames()
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable(f"upstream failed before the first token: {exc}") from exc
+    response = web.StreamResponse(status=200, headers=plan.response_headers())
+    await response.prepare(request)
+    writer = ClientWriter(
+        request, response, metrics=metrics, record=record, write_timeout=settings.write_timeout
+    )
+    sink = DirectFrameSink(writer, plan.encoder)
+    record.phase = "streaming"
+    try:
+        await sink.write(frames)
+        while not transcoder.done:
+            # Only upstream reads are guarded: a failed write means the client left, and that
+            # must propagate so the upstream request is closed and the backend stops.
+            try:
+                frames = await next_frames()
+            except (aiohttp.ClientError, ProxyError) as exc:
+                if isinstance(exc, UpstreamTimeout):
+                    metrics.timeouts.labels("idle").inc()
+                frames = transcoder.fail(f"upstream failed mid-stream: {exc}")
+            await sink.write(frames)
+    except asyncio.CancelledError as exc:
+        if not is_shutdown(exc):
+            raise
+        # The drain timeout ran out: end the stream properly, then finish normally.
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        record.outcome = "ended_by_shutdown"
+        await sink.write(transcoder.fail("proxy shutting down"))
+    await sink.close()
+    outcome = transcoder.outcome
+    record.tokens = transcoder.tokens
+    metrics.tokens.labels(plan.encoder.stream_format).inc(transcoder.tokens)
+    if outcome is not None and outcome.error:
+        record.outcome = record.outcome if record.outcome != "ok" else "upstream_error"
+        log.warning("codec stream ended with error: %s", outcome.error)
+    await _drain(exchange.response)
+    return response
 
 
 async def _drain(upstream: aiohttp.ClientResponse) -> None:

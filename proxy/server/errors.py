@@ -26,7 +26,11 @@ def json_error(
 
 
 def error_response(exc: ProxyError) -> web.Response:
-    return json_error(exc.status_hint, exc.message, error_type=exc.error_type, code=exc.code)
+    response = json_error(exc.status_hint, exc.message, error_type=exc.error_type, code=exc.code)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 @web.middleware

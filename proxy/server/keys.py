@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.core.retokenizer import RetokenizerScheme
-from proxy.server.upstream import Upstream
+from proxy.server.lifecycle import Lifecycle
+from proxy.server.metrics import Metrics
+from proxy.server.upstream import UpstreamPool
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer
 
@@ -26,5 +28,7 @@ class Vocabulary:
 
 SETTINGS = web.AppKey("settings", Settings)
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
-UPSTREAM = web.AppKey("upstream", Upstream)
+UPSTREAM = web.AppKey("upstream", UpstreamPool)
+METRICS = web.AppKey("metrics", Metrics)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 SCHEMA_TEXT = web.AppKey("schema_text", str)

@@ -35,7 +35,7 @@ async def upstream_url(upstream: FakeUpstream, aiohttp_server: AiohttpServer) ->
 
 @pytest.fixture
 def settings(upstream_url: str, smollm2_gguf: Path) -> Settings:
-    return Settings(upstream=upstream_url, tokenizer=smollm2_gguf)
+    return Settings(upstream=(upstream_url,), tokenizer=smollm2_gguf)
 
 
 @pytest.fixture
