@@ -98,10 +98,13 @@ class PolicyMatcher:
             self._starts.append(self._chars)
             self._chars += len(text)
         end = self._first + len(self._ids)
-        for stop, hit in self._id_cursor.feed(ids, first_new):
-            self._record(stop - hit.length, stop, self._rules.id_categories[hit.pattern])
-        for stop, hit in self._char_cursor.feed("".join(texts), first_char):
-            self._record_chars(stop - hit.length, stop, self._rules.string_categories[hit.pattern])
+        rules = self._rules
+        if rules.ids.longest:
+            for stop, hit in self._id_cursor.feed(ids, first_new):
+                self._record(stop - hit.length, stop, rules.id_categories[hit.pattern])
+        if rules.strings.longest:
+            for stop, hit in self._char_cursor.feed("".join(texts), first_char):
+                self._record_chars(stop - hit.length, stop, rules.string_categories[hit.pattern])
         hold_char = min(self._scan_regexes(final=False), self._chars - self._char_cursor.pending)
         return self._release(min(end - self._id_cursor.pending, self._token_at(hold_char)))
 
@@ -160,8 +163,15 @@ class PolicyMatcher:
         kept.sort()
         self._redactions = kept
 
+    def _drop(self, count: int, released_text: str) -> None:
+        if self._context_chars:
+            self._context = (self._context + released_text)[-self._context_chars :]
+        del self._ids[:count], self._texts[:count], self._starts[:count]
+
     def _token_at(self, char: int) -> int:
         """The first held token that carries (part of) character `char` or anything later."""
+        if char >= self._chars and (not self._texts or self._texts[-1]):
+            return self._first + len(self._ids)  # nothing held back (no partial character)
         for index, begins in enumerate(self._starts):
             text = self._texts[index]
             if begins + len(text) > char or (not text and begins >= char):
@@ -181,6 +191,13 @@ class PolicyMatcher:
         count = limit - self._first
         if count == 0 and stop is None:
             return _NOTHING
+        if stop is None and not self._redactions:
+            # The common case, once per feed of a clean stream: a plain prefix leaves.
+            ids_out = tuple(self._ids[:count])
+            text_out = "".join(self._texts[:count])
+            self._drop(count, text_out)
+            self._first = limit
+            return MatchOutput(ids_out, text_out)
         ids: list[int] = []
         texts: list[str] = []
         redacted: list[str] = []
@@ -200,10 +217,7 @@ class PolicyMatcher:
         ids += self._ids[cursor - self._first : count]
         texts += self._texts[cursor - self._first : count]
         self._redactions = remaining
-        if self._context_chars:
-            released = self._context + "".join(self._texts[:count])
-            self._context = released[-self._context_chars :]
-        del self._ids[:count], self._texts[:count], self._starts[:count]
+        self._drop(count, "".join(self._texts[:count]))
         self._first = limit
         if stop is None:
             return MatchOutput(tuple(ids), "".join(texts), None, tuple(redacted))
