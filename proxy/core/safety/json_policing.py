@@ -132,13 +132,14 @@ class JsonStreamPolicer:
             # Errors, usage-only chunks: no generated text to police.
             return _event_data(data)
         self._template = {k: v for k, v in chunk.items() if k not in ("choices", "usage")}
+        kept = []
         for choice in choices:
             if not isinstance(choice, dict) or type(choice.get("index", 0)) is not int:
                 self.dropped_events += 1
                 return b""
             index = choice.get("index", 0)
             if index in self._closed:
-                continue
+                continue  # nothing after a choice's finish is released, text or not
             policed = self._open.get(index)
             if policed is None:
                 policed = self._open[index] = self._make()
@@ -151,6 +152,10 @@ class JsonStreamPolicer:
             if released.stop is not None:
                 return self._final(index, released.text, chunk)
             self._field.put(choice, released.text)
+            kept.append(choice)
+        if not kept:
+            return b""
+        chunk["choices"] = kept
         return _event(chunk)
 
     def _released(self, index: int, released: MatchOutput) -> MatchOutput:

@@ -129,6 +129,15 @@ def test_several_choices_are_policed_apart(smollm2_vocabulary: Vocabulary) -> No
     assert final["choices"] == [{"index": 1, "text": "", "finish_reason": "content_filter"}]
 
 
+def test_text_after_a_choice_finished_is_not_forwarded(smollm2_vocabulary: Vocabulary) -> None:
+    rules = compiled(vocab(smollm2_vocabulary), stop_strings=["zebra"])
+    policer = JsonStreamPolicer(factory(rules, smollm2_vocabulary), COMPLETION_TEXT)
+    done = b'data: {"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}\n\n'
+    late = b'data: {"choices": [{"index": 0, "text": "zebra", "finish_reason": null}]}\n\n'
+    assert b'"ok"' in policer.feed(done)
+    assert policer.feed(late) == b""
+
+
 def test_unparsable_events_are_dropped_not_forwarded(smollm2_vocabulary: Vocabulary) -> None:
     rules = compiled(vocab(smollm2_vocabulary), stop_strings=["zebra"])
     policer = JsonStreamPolicer(factory(rules, smollm2_vocabulary), COMPLETION_TEXT)
