@@ -21,6 +21,8 @@ from typing import Any
 from aiohttp import web
 
 from proxy import __version__
+from proxy.core.errors import ConfigError
+from proxy.core.upgrade import VERSION_POLICY_MODES
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -37,6 +39,24 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
     parser.add_argument("--model", help="model name for Codec requests that do not name one")
+    parser.add_argument(
+        "--safety-policy",
+        type=Path,
+        help="enable a safety policy (TOML or JSON file: public descriptor + private rules)",
+    )
+    parser.add_argument(
+        "--enforce-safety-policy",
+        action="store_true",
+        default=None,
+        help="answer Codec clients below 0.4 with 426 (needs --safety-policy)",
+    )
+    parser.add_argument(
+        "--version-policy",
+        choices=VERSION_POLICY_MODES,
+        help="off (default), advisory (log clients below 0.4) or strict (426 below 0.4)",
+    )
+    parser.add_argument("--deployment-id", help="named in 426 bodies and the version policy")
+    parser.add_argument("--docs-url", help="upgrade documentation URL for 426 bodies")
     parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
@@ -98,6 +118,8 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
         if values.get(required) is None:
             raise SystemExit(f"codec-proxy: --{required} is required (or '{required}' in --config)")
     values["tokenizer"] = Path(values["tokenizer"])
+    if values.get("safety_policy") is not None:
+        values["safety_policy"] = Path(values["safety_policy"])
     return Settings(**values)
 
 
@@ -109,7 +131,10 @@ def run_proxy(settings: Settings, *, banner: str = "") -> None:
         tokenizer = load_tokenizer(settings.tokenizer)
     except TokenizerLoadError as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    app = create_app(settings, tokenizer)
+    try:
+        app = create_app(settings, tokenizer)
+    except ConfigError as exc:
+        raise SystemExit(f"codec-proxy: {exc.message}") from exc
 
     def announce(*_: object) -> None:
         print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 MiB = 1 << 20
 
@@ -26,3 +27,14 @@ class Settings:
     pool_limit_per_host: int = 0
     # Shorter than uvicorn's 5 s idle close, so we never reuse a connection it is closing (A8).
     keepalive_timeout: float = 4.0
+    # Version negotiation and the safety policy (codec-spec.md §6, §8). Both capabilities are
+    # off by default: nothing is enforced, no 426 is ever sent, JSON passes through untouched.
+    # A policy file enables the safety policy (enforced on every stream; its headers go to
+    # clients at 0.4+); `enforce_safety_policy` also answers clients below 0.4 with 426.
+    safety_policy: Path | None = None
+    enforce_safety_policy: bool = False
+    # off | advisory (log clients below 0.4, serve them) | strict (426 below 0.4).
+    version_policy: Literal["off", "advisory", "strict"] = "off"
+    # Echoed in the 426 body and /.well-known/codec/version-policy.json when set.
+    deployment_id: str | None = None
+    docs_url: str | None = None

@@ -67,3 +67,25 @@ class UpstreamTimeout(ProxyError):
 
     status_hint = 504
     error_type = "upstream_timeout"
+
+
+class ConfigError(ProxyError):
+    """The proxy's own configuration is unusable; refused at start-up, never mid-request."""
+
+    error_type = "config_error"
+
+
+class UpgradeRequired(ProxyError):
+    """The client's Codec version is below what this deployment enforces (426).
+
+    Carries the complete response (codec-spec.md §6, "426 response"), built by
+    `proxy.core.upgrade`, because clients parse its exact body and headers.
+    """
+
+    status_hint = 426
+    error_type = "codec_version_required"
+
+    def __init__(self, message: str, *, headers: tuple[tuple[str, str], ...], body: bytes) -> None:
+        super().__init__(message, code="codec_version_required")
+        self.headers = headers
+        self.body = body

@@ -7,12 +7,27 @@ from importlib import resources
 
 from aiohttp import web
 
+from proxy.core.errors import ConfigError
 from proxy.core.schema import served_schema
+from proxy.core.upgrade import VersionPolicy
+from proxy.server import well_known
 from proxy.server.completions import completions
 from proxy.server.errors import error_middleware
-from proxy.server.keys import SCHEMA_TEXT, SETTINGS, UPSTREAM, VOCABULARY, Vocabulary
+from proxy.server.keys import (
+    SAFETY_POLICY,
+    SCHEMA_TEXT,
+    SETTINGS,
+    UPSTREAM,
+    VERSION_NOTICES,
+    VERSION_POLICY,
+    VOCABULARY,
+    Vocabulary,
+)
+from proxy.server.notices import VersionNotices
+from proxy.server.policy_file import read_policy_file
 from proxy.server.relay import relay_handler
 from proxy.server.upstream import Upstream, make_session
+from proxy.server.versioning import strip_withheld_headers
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 
@@ -26,6 +41,7 @@ def routes() -> list[web.RouteDef]:
     return [
         web.post("/v1/completions", completions),
         web.get("/codec/schema", schema),
+        *well_known.routes(),
         # Everything else, any method: transparent pass-through to the upstream.
         web.route("*", "/{tail:.*}", relay_handler),
     ]
@@ -45,6 +61,22 @@ def _upstream_context(
     return context
 
 
+def _versioning(app: web.Application, settings: Settings, vocabulary: Vocabulary) -> None:
+    """Version policy, safety policy, and the one place the header floors are applied."""
+    if settings.enforce_safety_policy and settings.safety_policy is None:
+        raise ConfigError("enforce_safety_policy needs a safety policy file (safety_policy)")
+    app[VERSION_POLICY] = VersionPolicy(
+        mode=settings.version_policy,
+        enforce_safety_policy=settings.enforce_safety_policy,
+        deployment_id=settings.deployment_id,
+        docs_url=settings.docs_url,
+    )
+    app[VERSION_NOTICES] = VersionNotices()
+    if settings.safety_policy is not None:
+        app[SAFETY_POLICY] = read_policy_file(settings.safety_policy, vocabulary.loaded)
+    app.on_response_prepare.append(strip_withheld_headers)
+
+
 def create_app(
     settings: Settings, tokenizer: LoadedTokenizer | Vocabulary | None = None
 ) -> web.Application:
@@ -56,6 +88,7 @@ def create_app(
     app[VOCABULARY] = tokenizer
     proto = resources.files("proxy").joinpath("codec.proto").read_text()
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=False)
+    _versioning(app, settings, tokenizer)
     app.cleanup_ctx.append(_upstream_context(settings))
     app.add_routes(routes())
     return app

@@ -16,10 +16,13 @@ import aiohttp
 from aiohttp import web
 
 from proxy.core.frames import FrameEncoder
+from proxy.core.guard import FrameSource, StreamGuard
+from proxy.core.safety.stream import PolicedIds
 from proxy.core.transcode import ChunkParser, CodecTranscoder
 from proxy.server.frame_sink import DirectFrameSink, FrameSink
-from proxy.server.keys import SETTINGS, UPSTREAM, VOCABULARY
+from proxy.server.keys import SAFETY_POLICY, SETTINGS, UPSTREAM, VOCABULARY
 from proxy.server.relay import forward_headers, relay_response, upstream_call
+from proxy.server.versioning import client_version
 
 log = logging.getLogger("codec_proxy")
 
@@ -66,26 +69,39 @@ async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespo
         if upstream.status != 200:
             # Before the stream starts the upstream's own error is the best answer: pass it on.
             return await relay_response(request, upstream)
-        response = web.StreamResponse(status=200, headers=plan.response_headers())
+        policy = request.app.get(SAFETY_POLICY)
+        response_headers = plan.response_headers()
+        if policy is not None:
+            # Withheld from clients below 0.4 by the header floor hook (server/versioning.py).
+            response_headers.update(policy.response_headers())
+        response = web.StreamResponse(status=200, headers=response_headers)
         await response.prepare(request)
+        vocabulary = request.app[VOCABULARY]
         transcoder = CodecTranscoder(
-            request.app[VOCABULARY].scheme,
+            vocabulary.scheme,
             plan.parse_chunk,
             max_event_bytes=settings.max_event_bytes,
         )
+        # The guard applies the client's finish-reason floor and, when enabled, the policy.
+        policed = None if policy is None else PolicedIds(policy.rules, vocabulary.loaded.tokenizer)
+        guard = StreamGuard(transcoder, client_version(request), policed)
         sink = DirectFrameSink(response, plan.encoder)
-        await _pump(upstream, transcoder, sink)
+        await _pump(upstream, guard, sink)
         await sink.close()
-        outcome = transcoder.outcome
+        outcome = guard.outcome
         if outcome is not None and outcome.error:
             log.warning("codec stream ended with error: %s", outcome.error)
-        await _drain(upstream)
+        if guard.stopped is not None:
+            # Category names are public (in the descriptor); rule contents never are.
+            log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)
+            # Cancel, don't drain: closing the connection is what makes the backend stop.
+            upstream.close()
+        else:
+            await _drain(upstream)
     return response
 
 
-async def _pump(
-    upstream: aiohttp.ClientResponse, transcoder: CodecTranscoder, sink: FrameSink
-) -> None:
+async def _pump(upstream: aiohttp.ClientResponse, transcoder: FrameSource, sink: FrameSink) -> None:
     # Only upstream reads are guarded: a failed write means the client left, and that must
     # propagate so the upstream request is closed and the backend stops generating.
     chunks = upstream.content.iter_any().__aiter__()

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.core.retokenizer import RetokenizerScheme
+from proxy.core.safety.policy import SafetyPolicy
+from proxy.core.upgrade import VersionPolicy
+from proxy.server.notices import VersionNotices
 from proxy.server.upstream import Upstream
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer
@@ -28,3 +31,8 @@ SETTINGS = web.AppKey("settings", Settings)
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
 UPSTREAM = web.AppKey("upstream", Upstream)
 SCHEMA_TEXT = web.AppKey("schema_text", str)
+# Version negotiation and the safety policy (issue 5). SAFETY_POLICY is set only when a policy
+# is configured: `app.get(SAFETY_POLICY)` is None otherwise.
+VERSION_POLICY = web.AppKey("version_policy", VersionPolicy)
+VERSION_NOTICES = web.AppKey("version_notices", VersionNotices)
+SAFETY_POLICY = web.AppKey("safety_policy", SafetyPolicy)
