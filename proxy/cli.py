@@ -3,6 +3,8 @@
 codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
 codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
 codec-proxy client [--url URL] [--format msgpack|protobuf] [--max-tokens N] PROMPT
+codec-proxy map generate --tokenizer PATH --id ID [--out FILE]
+codec-proxy map verify FILE [--tokenizer PATH]
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
+def _map_arguments(maps: argparse.ArgumentParser) -> None:
+    actions = maps.add_subparsers(dest="map_command", required=True, metavar="ACTION")
+    generate = actions.add_parser("generate", help="write the Codec tokenizer map of a tokenizer")
+    generate.add_argument(
+        "--tokenizer", type=Path, required=True, help="a GGUF file, a tokenizer.json, or a map"
+    )
+    generate.add_argument("--id", required=True, help="map id, e.g. qwen/qwen3 ([a-z0-9._/-]+)")
+    generate.add_argument("--out", type=Path, help="file to write (default: standard output)")
+    verify = actions.add_parser("verify", help="check a map file, optionally against a tokenizer")
+    verify.add_argument("file", type=Path, help="the map to check")
+    verify.add_argument("--tokenizer", type=Path, help="the tokenizer the map should describe")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codec-proxy",
@@ -71,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--no-compare", action="store_true", help="skip the JSON-SSE request used for comparison"
     )
+
+    maps = commands.add_parser("map", help="generate or verify a Codec tokenizer map")
+    _map_arguments(maps)
     return parser
 
 
@@ -178,6 +196,12 @@ def client(args: argparse.Namespace) -> int:
     return asyncio.run(run_client(args))
 
 
+def tokenizer_map(args: argparse.Namespace) -> int:
+    from proxy.maps.cli import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -185,5 +209,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    handlers = {"serve": serve, "embedded": embedded, "client": client}
+    handlers = {"serve": serve, "embedded": embedded, "client": client, "map": tokenizer_map}
     return handlers[args.command](args)

@@ -113,3 +113,40 @@ def map_problems(document: Mapping[str, Any]) -> list[str]:
         *_tool_calling_problems(document),
         *_pre_tokenizer_problems(document),
     ]
+
+
+def _first_difference(expected: Any, actual: Any) -> str:
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        missing = [key for key in expected if key not in actual]
+        extra = [key for key in actual if key not in expected]
+        changed = [key for key in expected if key in actual and expected[key] != actual[key]]
+        parts = [
+            f"{len(items)} {what} (e.g. {items[0]!r})"
+            for items, what in ((missing, "missing"), (extra, "extra"), (changed, "changed"))
+            if items
+        ]
+        return ", ".join(parts)
+    if isinstance(expected, list) and isinstance(actual, list):
+        index = next(
+            (i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b),
+            min(len(expected), len(actual)),
+        )
+        return (
+            f"{len(actual)} entries where {len(expected)} are expected, first difference at {index}"
+        )
+    return f"{actual!r} where {expected!r} is expected"
+
+
+def map_differences(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:
+    """Where a map disagrees with the map generated from the tokenizer it claims to describe.
+
+    `id`, `published_at` and `zstd_dictionaries` are the publisher's choices, not the
+    tokenizer's, and are not compared.
+    """
+    ignored = {"id", "published_at", "zstd_dictionaries"}
+    keys = [key for key in {**expected, **actual} if key not in ignored]
+    return [
+        f"{key}: {_first_difference(expected.get(key), actual.get(key))}"
+        for key in keys
+        if expected.get(key) != actual.get(key)
+    ]
