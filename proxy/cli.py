@@ -38,6 +38,20 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
     parser.add_argument("--model", help="model name for Codec requests that do not name one")
+    parser.add_argument(
+        "--map-id", help="tokenizer map id to publish (default: from the tokenizer file name)"
+    )
+    parser.add_argument(
+        "--drift-check",
+        choices=("on", "off"),
+        help="compare the tokenizer with the backend's /tokenize (default on)",
+    )
+    parser.add_argument(
+        "--drift-check-interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between drift checks after the one at start (default 300)",
+    )
     parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
@@ -110,6 +124,11 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
+    drift_check = values.get("drift_check")
+    if isinstance(drift_check, str):
+        if drift_check not in ("on", "off"):
+            raise SystemExit(f"codec-proxy: drift_check is 'on' or 'off', not {drift_check!r}")
+        values["drift_check"] = drift_check == "on"
     values.update(overrides)
     for required in ("upstream", "tokenizer"):
         if values.get(required) is None:
@@ -119,20 +138,25 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 
 def run_proxy(settings: Settings, *, banner: str = "") -> None:
+    from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
+    from proxy.server.keys import TOKENIZER_MAP, VOCABULARY
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
     try:
         tokenizer = load_tokenizer(settings.tokenizer)
-    except TokenizerLoadError as exc:
+        app = create_app(settings, tokenizer)
+    except (TokenizerLoadError, TokenizerMapError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    app = create_app(settings, tokenizer)
+    published = app[TOKENIZER_MAP]
+    for caveat in app[VOCABULARY].map_content.caveats:
+        log.warning("tokenizer map %s: %s", published.id, caveat)
 
     def announce(*_: object) -> None:
         print(
             f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
             f"-> {settings.upstream} (tokenizer {settings.tokenizer.name}, "
-            f"vocab {tokenizer.vocab_size})",
+            f"vocab {tokenizer.vocab_size}, map {published.header_value})",
             flush=True,
         )
         if banner:

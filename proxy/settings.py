@@ -26,3 +26,10 @@ class Settings:
     pool_limit_per_host: int = 0
     # Shorter than uvicorn's 5 s idle close, so we never reuse a connection it is closing (A8).
     keepalive_timeout: float = 4.0
+    # The id clients discover the tokenizer map by (`/.well-known/codec/maps/<id>.json`) and
+    # that `Codec-Tokenizer-Map` names; default: a Codec map's own id, else the file's name.
+    map_id: str | None = None
+    # Compare our tokenizer with the backend's /tokenize at start and then this often: Codec
+    # IDs from a tokenizer the backend does not use would be silently wrong (issue 4).
+    drift_check: bool = True
+    drift_check_interval: float = 300.0

@@ -10,7 +10,7 @@ from proxy.core.frames import encoder_for
 from proxy.core.negotiation import wants_prefixed_msgpack
 from proxy.core.request import parse_completion_request
 from proxy.server.codec_stream import CodecPlan, stream_codec
-from proxy.server.keys import VOCABULARY
+from proxy.server.keys import TOKENIZER_MAP, VOCABULARY
 from proxy.server.relay import relay, request_target
 
 
@@ -37,5 +37,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         upstream_body=parsed.upstream_body(),
         encoder=encoder,
         parse_chunk=parse_completion_chunk,
+        tokenizer_map=request.app[TOKENIZER_MAP].header_value,
     )
     return await stream_codec(request, plan)
