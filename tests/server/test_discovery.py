@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,7 @@ from proxy.server import create_app, map_store
 from proxy.server.keys import TOKENIZER_MAP, Vocabulary
 from proxy.server.map_store import MapStore
 from proxy.settings import Settings
+from proxy.tokenizers import load_tokenizer
 from tests.fake_upstream import FakeUpstream
 from tests.server.conftest import MakeProxy, ProxyClient, app_of
 
@@ -281,3 +283,20 @@ async def test_concurrent_first_requests_compress_once(monkeypatch: pytest.Monke
     results = await asyncio.gather(*(store.encoded(published, "gzip") for _ in range(5)))
     assert len(calls) == 1
     assert {gzip.decompress(r) for r in results} == {published.body}
+
+
+async def test_a_map_as_tokenizer_is_served_byte_for_byte(
+    tmp_path: Path, settings: Settings, smollm2_vocabulary: Vocabulary, aiohttp_client: Any
+) -> None:
+    # What `codec-proxy map generate` writes, given back as --tokenizer, is what is served.
+    original = publish(smollm2_vocabulary.loaded, "huggingfacetb/smollm2")
+    path = tmp_path / "smollm2.json"
+    path.write_bytes(original.body)
+    vocabulary = Vocabulary.build(load_tokenizer(path))
+    proxy = await aiohttp_client(create_app(replace(settings, tokenizer=path), vocabulary))
+    status, headers, body = await raw_get(
+        proxy, "/.well-known/codec/maps/huggingfacetb/smollm2.json"
+    )
+    assert status == 200
+    assert body == original.body
+    assert headers["ETag"] == f'"{original.digest}"'
