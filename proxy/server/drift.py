@@ -52,6 +52,10 @@ class Inconclusive(Exception):
     """This round could not decide; the reason is the message."""
 
 
+# What a round may fail with without being a bug: the backend is down, slow or answers badly.
+_ROUND_FAILURES = (Inconclusive, aiohttp.ClientError, TimeoutError)
+
+
 class NoTokenizeEndpoint(Exception):
     """The backend has no `/tokenize` in a dialect we know."""
 
@@ -79,6 +83,7 @@ class DriftMonitor:
         self.dialect: TokenizeDialect | None = None
         self.verdict = drift.pending("the first drift check has not finished")
         self._warned_unsupported = False
+        self._failing = False
         readiness.update(self.verdict.check())
 
     async def _post(self, dialect: TokenizeDialect, text: str) -> tuple[int, bytes]:
@@ -135,13 +140,22 @@ class DriftMonitor:
             self.dialect = await self._detect()
         gate = asyncio.Semaphore(CONCURRENCY)
         dialect = self.dialect
-        backend_ids = await asyncio.gather(
-            *(self._tokenize(dialect, text, gate) for text in self.probes)
-        )
+        try:
+            # A TaskGroup, not gather(): the first failure cancels the probes still pending.
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(self._tokenize(dialect, text, gate)) for text in self.probes
+                ]
+        except ExceptionGroup as failures:
+            expected, unexpected = failures.split(_ROUND_FAILURES)
+            if unexpected is not None or expected is None:
+                raise
+            first = expected.exceptions[0]
+            raise Inconclusive(str(first) or type(first).__name__) from failures
         return drift.compare(
             self.probes,
             self._proxy_ids,
-            backend_ids,
+            [task.result() for task in tasks],
             proxy_vocab_size=self._vocab_size,
             backend_vocab_size=await self._backend_vocab_size(),
             backend=dialect.name,
@@ -156,13 +170,16 @@ class DriftMonitor:
                 DriftState.UNSUPPORTED,
                 f"the backend has no usable {TOKENIZE_PATH} ({exc}); the tokenizer is not checked",
             )
-        except (Inconclusive, aiohttp.ClientError, TimeoutError) as exc:
+        except _ROUND_FAILURES as exc:
             # Unknown dialect again next time: the backend may have been replaced meanwhile.
             self.dialect = None
-            log.warning(
-                "tokenizer drift check could not conclude: %s", str(exc) or type(exc).__name__
-            )
+            # Warn when it starts; a backend down for an hour is not 360 warnings.
+            level = logging.DEBUG if self._failing else logging.WARNING
+            self._failing = True
+            reason = str(exc) or type(exc).__name__
+            log.log(level, "tokenizer drift check could not conclude: %s", reason)
             return False
+        self._failing = False
         self._record(verdict)
         return True
 

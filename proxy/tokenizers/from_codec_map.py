@@ -53,14 +53,25 @@ def _problems(document: Mapping[str, Any]) -> list[str]:
 
 
 def _whole_tokens(document: Mapping[str, Any], special_ids: set[int]) -> list[str]:
-    """Non-special added tokens: vocabulary entries no merge and no single symbol produces."""
+    """Non-special added tokens: vocabulary entries that are neither a merge's result nor a
+    base symbol (SentencePiece starts from characters, with byte tokens as the fallback)."""
     built = {merge.replace(" ", "", 1) for merge in document["merges"]}
     start = document.get("byte_fallback_start", -1)
     end = document.get("byte_fallback_end", -2)
+    # A base symbol: one of the 256 byte characters, or (metaspace) any one character.
+    alphabet = (
+        frozenset(pre_tokenizers.ByteLevel.alphabet())
+        if document["encoder"] == "byte_level"
+        else None
+    )
+
+    def is_base(token: str) -> bool:
+        return token in alphabet if alphabet is not None else len(token) == 1
+
     return [
         token
         for token, index in document["vocab"].items()
-        if len(token) > 1
+        if not is_base(token)
         and token not in built
         and index not in special_ids
         and not start <= index <= end

@@ -39,6 +39,7 @@ class TokenizingBackend:
     dialect: Dialect = "llama.cpp"
     n_vocab: int | None = None  # what /v1/models reports (llama.cpp only)
     failing: bool = False
+    fail_after: int | None = None  # answer 500 once this many probes were answered
     tokenize_bodies: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
 
@@ -60,7 +61,9 @@ class TokenizingBackend:
     async def _tokenize(self, request: web.Request) -> web.Response:
         if self.dialect == "none":
             return web.json_response({"error": "not found"}, status=404)
-        if self.failing:
+        if self.failing or (
+            self.fail_after is not None and len(self.tokenize_bodies) >= self.fail_after
+        ):
             return web.json_response({"error": "overloaded"}, status=500)
         body = await request.json()
         self.tokenize_bodies.append(body)
@@ -278,3 +281,23 @@ async def test_readyz_is_answered_here(proxy_for: Any, smollm2_tokenizer: Loaded
     async with proxy.head("/readyz") as resp:
         assert resp.status == 200
     assert "/readyz" not in backend.paths
+
+
+async def test_a_round_failing_midway_stops_asking_and_keeps_the_verdict(
+    proxy_for: Any, smollm2_tokenizer: LoadedTokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, "codec_proxy")
+    backend = TokenizingBackend(smollm2_tokenizer)
+    proxy = await proxy_for(backend)
+    monitor = app_of(proxy)[DRIFT_MONITOR]
+    backend.tokenize_bodies.clear()
+    backend.paths.clear()
+    backend.fail_after = 10
+    assert not await monitor.check()
+    assert not await monitor.check()
+    await asyncio.sleep(0.2)
+    # The first failure cancels the probes still waiting (4 run at once): far fewer than 383.
+    assert 11 <= backend.paths.count("/tokenize") < 30
+    assert (await readyz(proxy))[0] == 200  # the last conclusive verdict stands
+    warnings = [r for r in caplog.records if "could not conclude" in r.getMessage()]
+    assert [r.levelno for r in warnings] == [logging.WARNING, logging.DEBUG]

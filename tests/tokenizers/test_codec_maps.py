@@ -18,10 +18,11 @@ import pytest
 from proxy.core.map_checks import map_problems
 from proxy.core.map_content import map_content
 from proxy.core.tokenizer_map import render_map
+from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
 from proxy.tokenizers import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.tokenizers.probes import PROBE_STRINGS
-from tests.tokenizers.support import MAP_FAMILIES, MapCache, family_path
+from tests.tokenizers.support import MAP_FAMILIES, MapCache, TinyVocab, family_path, write_gguf
 
 # Qwen3's tokenizer.json normalizes to NFC; a map has no normalizer (docs/TOKENIZER_MAPS.md).
 NFC_FAMILIES = frozenset({"qwen3.json"})
@@ -203,3 +204,16 @@ def test_maps_that_cannot_tokenize_are_refused(
     path = tmp_path / "map.json"
     path.write_bytes(orjson.dumps(document))
     assert problem in load_error(path)
+
+
+def test_added_tokens_round_trip_through_a_map(tmp_path: Path) -> None:
+    # GGUF USER_DEFINED tokens are matched whole in text; so must the map's tokenizer match
+    # them, a one-character one (not a byte symbol) included, and CONTROL tokens never.
+    vocab = TinyVocab(user_defined=("<user>", "\u2603"))
+    source = load_tokenizer(write_gguf(tmp_path / "tiny.gguf", vocab=vocab))
+    path = tmp_path / "tiny.map.json"
+    path.write_bytes(publish(source, "test/tiny").body)
+    reloaded = load_tokenizer(path)
+    for text in ["hello<user>\u2603 hello", "<|ctrl|> hello", "he\u2603ll<user", ""]:
+        assert encode(reloaded, text) == encode(source, text), text
+    assert encode(source, "\u2603") == [vocab.all_tokens().index("\u2603")]
