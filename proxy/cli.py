@@ -3,6 +3,8 @@
 codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
 codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
 codec-proxy client [--url URL] [--format msgpack|protobuf] [--max-tokens N] PROMPT
+codec-proxy map generate --tokenizer PATH --id ID [--out FILE]
+codec-proxy map verify FILE [--tokenizer PATH]
 """
 
 from __future__ import annotations
@@ -57,8 +59,35 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     )
     parser.add_argument("--deployment-id", help="named in 426 bodies and the version policy")
     parser.add_argument("--docs-url", help="upgrade documentation URL for 426 bodies")
+    parser.add_argument(
+        "--map-id", help="tokenizer map id to publish (default: from the tokenizer file name)"
+    )
+    parser.add_argument(
+        "--drift-check",
+        choices=("on", "off"),
+        help="compare the tokenizer with the backend's /tokenize (default on)",
+    )
+    parser.add_argument(
+        "--drift-check-interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between drift checks after the one at start (default 300)",
+    )
     parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def _map_arguments(maps: argparse.ArgumentParser) -> None:
+    actions = maps.add_subparsers(dest="map_command", required=True, metavar="ACTION")
+    generate = actions.add_parser("generate", help="write the Codec tokenizer map of a tokenizer")
+    generate.add_argument(
+        "--tokenizer", type=Path, required=True, help="a GGUF file, a tokenizer.json, or a map"
+    )
+    generate.add_argument("--id", required=True, help="map id, e.g. qwen/qwen3 ([a-z0-9._/-]+)")
+    generate.add_argument("--out", type=Path, help="file to write (default: standard output)")
+    verify = actions.add_parser("verify", help="check a map file, optionally against a tokenizer")
+    verify.add_argument("file", type=Path, help="the map to check")
+    verify.add_argument("--tokenizer", type=Path, help="the tokenizer the map should describe")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--no-compare", action="store_true", help="skip the JSON-SSE request used for comparison"
     )
+
+    maps = commands.add_parser("map", help="generate or verify a Codec tokenizer map")
+    _map_arguments(maps)
     return parser
 
 
@@ -113,6 +145,11 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
+    drift_check = values.get("drift_check")
+    if isinstance(drift_check, str):
+        if drift_check not in ("on", "off"):
+            raise SystemExit(f"codec-proxy: drift_check is 'on' or 'off', not {drift_check!r}")
+        values["drift_check"] = drift_check == "on"
     values.update(overrides)
     for required in ("upstream", "tokenizer"):
         if values.get(required) is None:
@@ -124,23 +161,25 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 
 def run_proxy(settings: Settings, *, banner: str = "") -> None:
+    from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
+    from proxy.server.keys import TOKENIZER_MAP, VOCABULARY
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
     try:
         tokenizer = load_tokenizer(settings.tokenizer)
-    except TokenizerLoadError as exc:
-        raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    try:
         app = create_app(settings, tokenizer)
-    except ConfigError as exc:
+    except (TokenizerLoadError, TokenizerMapError, ConfigError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
+    published = app[TOKENIZER_MAP]
+    for caveat in app[VOCABULARY].map_content.caveats:
+        log.warning("tokenizer map %s: %s", published.id, caveat)
 
     def announce(*_: object) -> None:
         print(
             f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
             f"-> {settings.upstream} (tokenizer {settings.tokenizer.name}, "
-            f"vocab {tokenizer.vocab_size})",
+            f"vocab {tokenizer.vocab_size}, map {published.header_value})",
             flush=True,
         )
         if banner:
@@ -216,6 +255,12 @@ def client(args: argparse.Namespace) -> int:
     return asyncio.run(run_client(args))
 
 
+def tokenizer_map(args: argparse.Namespace) -> int:
+    from proxy.maps.cli import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -223,5 +268,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    handlers = {"serve": serve, "embedded": embedded, "client": client}
+    handlers = {"serve": serve, "embedded": embedded, "client": client, "map": tokenizer_map}
     return handlers[args.command](args)

@@ -38,3 +38,10 @@ class Settings:
     # Echoed in the 426 body and /.well-known/codec/version-policy.json when set.
     deployment_id: str | None = None
     docs_url: str | None = None
+    # The id clients discover the tokenizer map by (`/.well-known/codec/maps/<id>.json`) and
+    # that `Codec-Tokenizer-Map` names; default: a Codec map's own id, else the file's name.
+    map_id: str | None = None
+    # Compare our tokenizer with the backend's /tokenize at start and then this often: Codec
+    # IDs from a tokenizer the backend does not use would be silently wrong (issue 4).
+    drift_check: bool = True
+    drift_check_interval: float = 300.0

@@ -89,3 +89,19 @@ class UpgradeRequired(ProxyError):
         super().__init__(message, code="codec_version_required")
         self.headers = headers
         self.body = body
+
+
+class ServiceUnavailable(ProxyError):
+    """The proxy refuses this kind of request for now, e.g. Codec mode while its tokenizer
+    does not match the backend's (503). `code` names the condition."""
+
+    status_hint = 503
+    error_type = "service_unavailable"
+
+
+class TokenizerMapError(ProxyError):
+    """A tokenizer map cannot be generated, parsed or published as asked (500).
+
+    Raised at start-up (a configuration problem) and by `codec-proxy map`; the message is one
+    line that names the problem.
+    """

@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 
 from aiohttp import web
 
 from proxy.core.errors import ConfigError
+from proxy.core.readiness import Readiness
 from proxy.core.schema import served_schema
+from proxy.core.tokenizer_map import ZstdDictionary
 from proxy.core.upgrade import VersionPolicy
-from proxy.server import well_known
+from proxy.maps.publish import publish
+from proxy.server import discovery, well_known
 from proxy.server.completions import completions
+from proxy.server.drift import drift_context
 from proxy.server.errors import error_middleware
 from proxy.server.keys import (
+    MAPS,
+    READINESS,
     SAFETY_POLICY,
     SCHEMA_TEXT,
     SETTINGS,
+    TOKENIZER_MAP,
     UPSTREAM,
     VERSION_NOTICES,
     VERSION_POLICY,
     VOCABULARY,
     Vocabulary,
 )
+from proxy.server.map_store import MapStore
 from proxy.server.notices import VersionNotices
 from proxy.server.policy_file import read_policy_file
+from proxy.server.readiness import method_not_allowed, readyz
 from proxy.server.relay import relay_handler
 from proxy.server.upstream import Upstream, make_session
 from proxy.server.versioning import strip_withheld_headers
@@ -41,7 +50,12 @@ def routes() -> list[web.RouteDef]:
     return [
         web.post("/v1/completions", completions),
         web.get("/codec/schema", schema),
+        # Version and safety-policy documents first, then every other discovery path: all
+        # answered here, never relayed (any method; the handler sorts them out).
         *well_known.routes(),
+        web.route("*", r"/.well-known/codec{tail:(/.*)?}", discovery.well_known),
+        web.get("/readyz", readyz),
+        web.route("*", "/readyz", method_not_allowed),
         # Everything else, any method: transparent pass-through to the upstream.
         web.route("*", "/{tail:.*}", relay_handler),
     ]
@@ -78,17 +92,32 @@ def _versioning(app: web.Application, settings: Settings, vocabulary: Vocabulary
 
 
 def create_app(
-    settings: Settings, tokenizer: LoadedTokenizer | Vocabulary | None = None
+    settings: Settings,
+    tokenizer: LoadedTokenizer | Vocabulary | None = None,
+    *,
+    zstd_dictionaries: Sequence[ZstdDictionary] = (),
 ) -> web.Application:
-    """Build the proxy. The tokenizer is loaded here unless the caller already has it."""
+    """Build the proxy. The tokenizer is loaded here unless the caller already has it.
+
+    `zstd_dictionaries` are the dictionaries the proxy compresses with; its tokenizer map
+    declares them (`zstd_dictionaries[]`). Raises TokenizerLoadError or TokenizerMapError.
+    """
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
     if not isinstance(tokenizer, Vocabulary):
         tokenizer = Vocabulary.build(tokenizer or load_tokenizer(settings.tokenizer))
     app[VOCABULARY] = tokenizer
+    published = publish(
+        tokenizer.loaded, settings.map_id, zstd_dictionaries, content=tokenizer.map_content
+    )
+    app[TOKENIZER_MAP] = published
+    app[MAPS] = MapStore([published])
+    app[READINESS] = Readiness()
     proto = resources.files("proxy").joinpath("codec.proto").read_text()
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=False)
     _versioning(app, settings, tokenizer)
+    # Order matters: the drift check needs the upstream session.
     app.cleanup_ctx.append(_upstream_context(settings))
+    app.cleanup_ctx.append(drift_context(settings))
     app.add_routes(routes())
     return app

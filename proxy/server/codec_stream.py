@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from proxy.core.errors import ServiceUnavailable
 from proxy.core.frames import FrameEncoder
 from proxy.core.guard import FrameSource, StreamGuard
 from proxy.core.safety.stream import PolicedIds
 from proxy.core.transcode import ChunkParser, CodecTranscoder
 from proxy.server.frame_sink import DirectFrameSink, FrameSink
-from proxy.server.keys import SAFETY_POLICY, SETTINGS, UPSTREAM, VOCABULARY
+from proxy.server.keys import READINESS, SAFETY_POLICY, SETTINGS, UPSTREAM, VOCABULARY
 from proxy.server.relay import forward_headers, relay_response, upstream_call
 from proxy.server.versioning import client_version
 
@@ -48,9 +49,11 @@ class CodecPlan:
     upstream_body: bytes
     encoder: FrameEncoder
     parse_chunk: ChunkParser
+    # `Codec-Tokenizer-Map: <id> sha256:<64 hex>` of the map the IDs follow (floor v0.2).
+    tokenizer_map: str | None = None
 
     def response_headers(self) -> dict[str, str]:
-        return {
+        headers = {
             "Content-Type": self.encoder.content_type,
             # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
             "Cache-Control": "no-cache",
@@ -58,9 +61,17 @@ class CodecPlan:
             # The body depends on both (v0.6-wire §2.2: Codec-Client-Version, or caches poison).
             "Vary": "Accept-Encoding, Codec-Client-Version",
         }
+        if self.tokenizer_map is not None:
+            headers["Codec-Tokenizer-Map"] = self.tokenizer_map
+        return headers
 
 
 async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
+    # Never stream IDs while a readiness check (the tokenizer drift check) says they would be
+    # wrong; JSON requests do not come here and keep passing through.
+    refusal = request.app[READINESS].codec_refusal()
+    if refusal is not None:
+        raise ServiceUnavailable(refusal.detail, code=refusal.reason)
     settings = request.app[SETTINGS]
     headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
     async with upstream_call(

@@ -12,7 +12,7 @@ from proxy.core.request import parse_completion_request
 from proxy.core.safety.json_policing import COMPLETION_TEXT
 from proxy.server.codec_stream import CodecPlan, stream_codec
 from proxy.server.json_policy import police_json
-from proxy.server.keys import SAFETY_POLICY, VOCABULARY
+from proxy.server.keys import SAFETY_POLICY, TOKENIZER_MAP, VOCABULARY
 from proxy.server.relay import relay, request_target
 from proxy.server.versioning import codec_gate
 
@@ -45,5 +45,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         upstream_body=parsed.upstream_body(),
         encoder=encoder,
         parse_chunk=parse_completion_chunk,
+        tokenizer_map=request.app[TOKENIZER_MAP].header_value,
     )
     return await stream_codec(request, plan)

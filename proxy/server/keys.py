@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from aiohttp import web
 
+from proxy.core.readiness import Readiness
 from proxy.core.retokenizer import RetokenizerScheme
 from proxy.core.safety.policy import SafetyPolicy
+from proxy.core.tokenizer_map import MapContent, PublishedMap
 from proxy.core.upgrade import VersionPolicy
+from proxy.maps.publish import content_of
+from proxy.server.map_store import MapStore
 from proxy.server.notices import VersionNotices
 from proxy.server.upstream import Upstream
 from proxy.settings import Settings
@@ -26,6 +31,11 @@ class Vocabulary:
     def build(cls, loaded: LoadedTokenizer) -> Vocabulary:
         return cls(loaded, RetokenizerScheme.from_tokenizer(loaded.tokenizer, loaded.encoder))
 
+    @cached_property
+    def map_content(self) -> MapContent:
+        """The tokenizer's map fields, read once (seconds for a Llama-3-sized vocabulary)."""
+        return content_of(self.loaded)
+
 
 SETTINGS = web.AppKey("settings", Settings)
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
@@ -36,3 +46,6 @@ SCHEMA_TEXT = web.AppKey("schema_text", str)
 VERSION_POLICY = web.AppKey("version_policy", VersionPolicy)
 VERSION_NOTICES = web.AppKey("version_notices", VersionNotices)
 SAFETY_POLICY = web.AppKey("safety_policy", SafetyPolicy)
+TOKENIZER_MAP = web.AppKey("tokenizer_map", PublishedMap)
+MAPS = web.AppKey("maps", MapStore)
+READINESS = web.AppKey("readiness", Readiness)

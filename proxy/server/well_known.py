@@ -33,7 +33,9 @@ def _document(body: bytes, cache_control: str, etag: str | None = None) -> web.R
 
 
 def _not_found(what: str) -> web.Response:
-    response = json_error(404, f"no {what} is published here", error_type="not_found_error")
+    response = json_error(
+        404, f"no {what} is published here", error_type="not_found_error", code="not_found"
+    )
     response.headers.update(_CORS)
     return response
 
