@@ -3,6 +3,8 @@
 codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
 codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
 codec-proxy client [--url URL] [--format msgpack|protobuf] [--max-tokens N] PROMPT
+codec-proxy map generate --tokenizer PATH --id ID [--out FILE]
+codec-proxy map verify FILE [--tokenizer PATH]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__, config, logs
+from proxy.core.errors import ConfigError
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -28,6 +31,19 @@ def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False)
     )
     # One flag per setting (proxy/settings.py); `embedded` provides upstream and tokenizer.
     config.add_flags(parser, skip=frozenset({"upstream", "tokenizer"}) if embedded else frozenset())
+
+
+def _map_arguments(maps: argparse.ArgumentParser) -> None:
+    actions = maps.add_subparsers(dest="map_command", required=True, metavar="ACTION")
+    generate = actions.add_parser("generate", help="write the Codec tokenizer map of a tokenizer")
+    generate.add_argument(
+        "--tokenizer", type=Path, required=True, help="a GGUF file, a tokenizer.json, or a map"
+    )
+    generate.add_argument("--id", required=True, help="map id, e.g. qwen/qwen3 ([a-z0-9._/-]+)")
+    generate.add_argument("--out", type=Path, help="file to write (default: standard output)")
+    verify = actions.add_parser("verify", help="check a map file, optionally against a tokenizer")
+    verify.add_argument("file", type=Path, help="the map to check")
+    verify.add_argument("--tokenizer", type=Path, help="the tokenizer the map should describe")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--no-compare", action="store_true", help="skip the JSON-SSE request used for comparison"
     )
+
+    maps = commands.add_parser("map", help="generate or verify a Codec tokenizer map")
+    _map_arguments(maps)
     return parser
 
 
@@ -76,7 +95,7 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     """Defaults, then the config file, then CODEC_PROXY_* variables, then flags."""
     try:
         return config.load(file=args.config, flags={**config.flags_of(args), **overrides})
-    except config.ConfigError as exc:
+    except ConfigError as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
 
 
@@ -95,7 +114,9 @@ def run_proxy(settings: Settings, *, banner: str = "") -> None:
 
 def run_worker(settings: Settings, index: int, banner: str = "") -> None:
     """One serving process (the only one, or one of `--workers N`)."""
+    from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
+    from proxy.server.keys import TOKENIZER_MAP, VOCABULARY
     from proxy.server.runner import serve as serve_app
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
@@ -103,9 +124,12 @@ def run_worker(settings: Settings, index: int, banner: str = "") -> None:
         logs.configure(settings.log_format, settings.log_level)
     try:
         tokenizer = load_tokenizer(settings.tokenizer)
-    except TokenizerLoadError as exc:
+        app = create_app(settings, tokenizer)
+    except (TokenizerLoadError, TokenizerMapError, ConfigError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    app = create_app(settings, tokenizer)
+    published = app[TOKENIZER_MAP]
+    for caveat in app[VOCABULARY].map_content.caveats:
+        log.warning("tokenizer map %s: %s", published.id, caveat)
 
     def announce() -> None:
         if index:
@@ -113,7 +137,7 @@ def run_worker(settings: Settings, index: int, banner: str = "") -> None:
         print(
             f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
             f"-> {', '.join(settings.upstream)} (tokenizer {settings.tokenizer.name}, "
-            f"vocab {tokenizer.vocab_size})",
+            f"vocab {tokenizer.vocab_size}, map {published.header_value})",
             flush=True,
         )
         if banner:
@@ -130,7 +154,7 @@ def config_example(_: argparse.Namespace) -> int:
 def check_config(args: argparse.Namespace) -> int:
     try:
         settings = config.load(file=args.file)
-    except config.ConfigError as exc:
+    except ConfigError as exc:
         print(f"codec-proxy: {exc.message}", file=sys.stderr)
         return 2
     if not settings.tokenizer.exists():
@@ -199,6 +223,12 @@ def client(args: argparse.Namespace) -> int:
     return asyncio.run(run_client(args))
 
 
+def tokenizer_map(args: argparse.Namespace) -> int:
+    from proxy.maps.cli import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure("text", "INFO")
@@ -206,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": serve,
         "embedded": embedded,
         "client": client,
+        "map": tokenizer_map,
         "check-config": check_config,
         "config-example": config_example,
     }

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.core.errors import ProxyError
+from proxy.core.errors import ConfigError
 from proxy.settings import Option, Settings
 
 ENV_PREFIX = "CODEC_PROXY_"
@@ -30,10 +30,6 @@ ENV_PREFIX = "CODEC_PROXY_"
 _NOT_SETTINGS = frozenset({"CODEC_PROXY_CACHE"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-
-
-class ConfigError(ProxyError):
-    """A setting is unknown, of the wrong type, or impossible. The message is one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +125,14 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
             raise ValueError(f"must be {_describe(kind)}, got {value!r}")
         return {str(k): _convert(value_kind, v, from_text=from_text) for k, v in value.items()}
     if kind is bool:
-        if from_text:
+        # Text (and, in files, the strings "on"/"off" that mirror `--flag off`) or a real bool.
+        if isinstance(value, str):
             lowered = value.strip().lower()
             if lowered in _TRUE | _FALSE:
                 return lowered in _TRUE
         elif isinstance(value, bool):
             return value
-        raise ValueError(f"must be true or false, got {value!r}")
+        raise ValueError(f"must be true or false (or on/off), got {value!r}")
     if kind is int:
         if from_text:
             try:
@@ -261,7 +258,8 @@ def add_flags(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozens
         kind = _optional_inner(field.kind) or field.kind
         origin = typing.get_origin(kind)
         if kind is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            # `--flag` alone means on; `--flag off` (or false/no/0) means off.
+            kwargs.update(nargs="?", const=True, type=_flag_bool, metavar="on|off")
         elif origin is tuple:
             kwargs["action"] = "append"
             kwargs["metavar"] = field.name.rstrip("s").upper()
@@ -275,6 +273,13 @@ def add_flags(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozens
         if field.option.secret:
             kwargs["help"] = f"{field.option.help} (secret: never logged)"
         parser.add_argument(field.flag, **kwargs)
+
+
+def _flag_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in _TRUE | _FALSE:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return lowered in _TRUE
 
 
 class _PairsAction(argparse.Action):

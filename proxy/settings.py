@@ -102,6 +102,32 @@ class Settings:
         None, help="file with one local API key per line (secret)", secret=True
     )
 
+    # --- Codec discovery and the vocab handshake (docs/TOKENIZER_MAPS.md) ---
+    map_id: str | None = option(
+        None,
+        help="id of the published tokenizer map (default: a map's own id, else the file name)",
+    )
+    drift_check: bool = option(
+        True, help="compare the tokenizer with the backend's /tokenize; a mismatch refuses Codec"
+    )
+    drift_check_interval: float = option(
+        300.0, help="seconds between drift checks after the one at start", minimum=1
+    )
+
+    # --- version negotiation and the safety policy (docs/VERSIONING_AND_SAFETY.md) ---
+    # Both off by default: nothing enforced, no 426 ever sent, JSON passes through untouched.
+    safety_policy: Path | None = option(
+        None, help="safety policy file (public descriptor + private rules); enables the policy"
+    )
+    enforce_safety_policy: bool = option(
+        False, help="answer Codec clients below 0.4 with 426 (needs safety_policy)"
+    )
+    version_policy: Literal["off", "advisory", "strict"] = option(
+        "off", help="off; advisory: log clients below 0.4; strict: 426 below 0.4"
+    )
+    deployment_id: str | None = option(None, help="named in 426 bodies and the version policy")
+    docs_url: str | None = option(None, help="upgrade documentation URL for 426 bodies")
+
     # --- process ---
     workers: int = option(1, help="worker processes sharing the port (SO_REUSEPORT)", minimum=1)
     log_format: Literal["json", "text"] = option("json", help="access and event log format")

@@ -89,6 +89,9 @@ class Script:
     stall_after_events: int | None = None  # go silent after N events...
     stall_seconds: float = 0.0  # ...for this long
     hang_up: bool = False  # read the request, then close the connection without answering
+    # Like a backend that closes kept-alive connections after a response (llama.cpp after a
+    # stream): a second request on a connection is read and dropped unanswered.
+    hang_up_on_reused_connection: bool = False
 
 
 @dataclass
@@ -112,6 +115,7 @@ class FakeUpstream:
     health_code: int = 200
     health_status: str = "ok"
     server: Any = None  # the TestServer serving it, when a test needs to stop it
+    _seen_transports: set[int] = field(default_factory=set)
     # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
     # proxy hung up on us, as it must when its client leaves).
     outcomes: list[str] = field(default_factory=list)
@@ -139,7 +143,9 @@ class FakeUpstream:
     async def _replay(self, request: web.Request) -> web.StreamResponse:
         script = self.script
         capture = script.capture
-        if script.hang_up:
+        reused = id(request.transport) in self._seen_transports
+        self._seen_transports.add(id(request.transport))
+        if script.hang_up or (script.hang_up_on_reused_connection and reused):
             assert request.transport is not None
             request.transport.close()
             self.outcomes.append("hung_up")

@@ -58,3 +58,51 @@ def test_bad_tokenizer_fails_at_start_with_one_line(tmp_path: Path, runner: list
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert str(missing) in lines[0]
+
+
+def test_vocab_handshake_flags() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--upstream", "http://x", "--tokenizer", "t.gguf", "--map-id", "org/model",
+         "--drift-check", "off", "--drift-check-interval", "60"]
+    )  # fmt: skip
+    settings = load_settings(args)
+    assert (settings.map_id, settings.drift_check, settings.drift_check_interval) == (
+        "org/model",
+        False,
+        60.0,
+    )
+    defaults = load_settings(
+        build_parser().parse_args(["serve", "--upstream", "http://x", "--tokenizer", "t.gguf"])
+    )
+    assert (defaults.map_id, defaults.drift_check, defaults.drift_check_interval) == (
+        None,
+        True,
+        300.0,
+    )
+
+
+def test_drift_check_in_a_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\ndrift_check = "off"\n')
+    assert (
+        load_settings(build_parser().parse_args(["serve", "--config", str(config)])).drift_check
+        is False
+    )
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\ndrift_check = "maybe"\n')
+    with pytest.raises(
+        SystemExit, match=r"'drift_check' must be true or false \(or on/off\), got 'maybe'"
+    ):
+        load_settings(build_parser().parse_args(["serve", "--config", str(config)]))
+
+
+def test_an_unpublishable_map_id_fails_at_start_with_one_line(smollm2_gguf: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:1",
+         "--tokenizer", str(smollm2_gguf), "--map-id", "Org/../Model"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "codec-proxy: map id 'Org/../Model' must be lowercase ASCII letters, digits "
+        "and . _ / - only"
+    ]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy import config
+from proxy.core.errors import ConfigError
 from proxy.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,13 +58,13 @@ def test_one_line_errors(tmp_path: Path, text: str, env: dict[str, str], message
     if text.startswith(("upstream", "[")):
         base = 'tokenizer = "t"\n'
     file = write(tmp_path, "c.toml", base + text + "\n")
-    with pytest.raises(config.ConfigError, match=message) as caught:
+    with pytest.raises(ConfigError, match=message) as caught:
         config.load(file=file, env=env)
     assert "\n" not in caught.value.message
 
 
 def test_required_keys_name_every_way_to_set_them() -> None:
-    with pytest.raises(config.ConfigError, match="--upstream, set CODEC_PROXY_UPSTREAM"):
+    with pytest.raises(ConfigError, match="--upstream, set CODEC_PROXY_UPSTREAM"):
         config.load(env={"CODEC_PROXY_TOKENIZER": "t"})
 
 

@@ -218,8 +218,13 @@ def test_cli_serve_and_client(llama_server: str, smollm2_gguf: Path, tmp_path: P
     )  # fmt: skip
     try:
         assert serve.stdout is not None
-        banner = serve.stdout.readline()
+        # Log lines (the drift check at start) come before the banner on the merged output.
+        lines: list[str] = []
+        while len(lines) < 20 and not (lines and lines[-1].startswith("codec-proxy ")):
+            lines.append(serve.stdout.readline())
+        banner = lines[-1]
         assert f"http://127.0.0.1:{port}" in banner
+        assert any("probe strings tokenize identically" in line for line in lines)
         result = subprocess.run(
             [sys.executable, "-m", "proxy", "client", "--url", f"http://127.0.0.1:{port}",
              "--tokenizer", str(smollm2_gguf), "--max-tokens", "16", "The capital of France is"],

@@ -34,7 +34,9 @@ class ProxyProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--tokenizer",
-             str(tokenizer), "--port", str(self.port), "--log-format", "text", *extra],
+             str(tokenizer), "--port", str(self.port), "--log-format", "text",
+             # The fake upstream replays completions on every path, /tokenize too.
+             "--drift-check", "off", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
@@ -50,7 +52,7 @@ class ProxyProcess:
                         return
             except OSError:
                 time.sleep(0.1)
-        raise AssertionError("proxy did not become ready")
+        raise AssertionError(f"proxy did not become ready:\n{self.stop()[-3000:]}")
 
     def stop(self) -> str:
         if self.proc.poll() is None:

@@ -1,8 +1,13 @@
 """Serve one Codec stream: an upstream JSON-SSE response re-framed as Codec frames.
 
-The bytes are pumped through the sans-IO `CodecTranscoder`; this module only does the IO around
-it: the upstream request, the response headers, awaited writes (so a slow client applies
+The bytes are pumped through the sans-IO `CodecTranscoder` (wrapped by the `StreamGuard`, which
+applies the client's finish-reason floor and the safety policy); this module only does the IO
+around it: the upstream request, the response headers, awaited writes (so a slow client applies
 backpressure all the way to the upstream), and closing the upstream when the stream ends.
+
+The response starts with the first frame. Until then nothing has reached the client, so a
+timeout or an upstream failure is still a clean HTTP error (504/502); after it, every failure
+becomes the one terminal error frame.
 """
 
 from __future__ import annotations
@@ -16,16 +21,27 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.errors import ProxyError, ServiceUnavailable, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.frames import Frame, FrameEncoder
+from proxy.core.guard import StreamGuard
+from proxy.core.safety.stream import PolicedIds
 from proxy.core.transcode import ChunkParser, CodecTranscoder
 from proxy.server.client_writer import ClientWriter
 from proxy.server.frame_sink import DirectFrameSink
-from proxy.server.keys import LIFECYCLE, METRICS, SETTINGS, UPSTREAM, VOCABULARY
+from proxy.server.keys import (
+    LIFECYCLE,
+    METRICS,
+    READINESS,
+    SAFETY_POLICY,
+    SETTINGS,
+    UPSTREAM,
+    VOCABULARY,
+)
 from proxy.server.lifecycle import is_shutdown
 from proxy.server.observe import RECORD
 from proxy.server.relay import forward_headers, relay_response
 from proxy.server.upstream import Exchange
+from proxy.server.versioning import client_version
 
 log = logging.getLogger("codec_proxy")
 
@@ -51,9 +67,11 @@ class CodecPlan:
     upstream_body: bytes
     encoder: FrameEncoder
     parse_chunk: ChunkParser
+    # `Codec-Tokenizer-Map: <id> sha256:<64 hex>` of the map the IDs follow (floor v0.2).
+    tokenizer_map: str | None = None
 
     def response_headers(self) -> dict[str, str]:
-        return {
+        headers = {
             "Content-Type": self.encoder.content_type,
             # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
             "Cache-Control": "no-cache",
@@ -61,10 +79,18 @@ class CodecPlan:
             # The body depends on both (v0.6-wire §2.2: Codec-Client-Version, or caches poison).
             "Vary": "Accept-Encoding, Codec-Client-Version",
         }
+        if self.tokenizer_map is not None:
+            headers["Codec-Tokenizer-Map"] = self.tokenizer_map
+        return headers
 
 
 async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
     app = request.app
+    # Never stream IDs while a readiness check (the tokenizer drift check) says they would be
+    # wrong; JSON requests do not come here and keep passing through.
+    refusal = app[READINESS].codec_refusal()
+    if refusal is not None:
+        raise ServiceUnavailable(refusal.detail, code=refusal.reason)
     record = request[RECORD]
     record.mode = "codec"
     record.stream_format = plan.encoder.stream_format
@@ -88,14 +114,23 @@ async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespo
         active.dec()
 
 
+def _guard(request: web.Request, plan: CodecPlan) -> StreamGuard:
+    app = request.app
+    vocabulary = app[VOCABULARY]
+    transcoder = CodecTranscoder(
+        vocabulary.scheme, plan.parse_chunk, max_event_bytes=app[SETTINGS].max_event_bytes
+    )
+    policy = app.get(SAFETY_POLICY)
+    policed = None if policy is None else PolicedIds(policy.rules, vocabulary.loaded.tokenizer)
+    # The guard applies the client's finish-reason floor and, when enabled, the policy.
+    return StreamGuard(transcoder, client_version(request), policed)
+
+
 async def _serve(request: web.Request, plan: CodecPlan, exchange: Exchange) -> web.StreamResponse:
     app = request.app
-    settings = app[SETTINGS]
     record = request[RECORD]
     metrics = app[METRICS]
-    transcoder = CodecTranscoder(
-        app[VOCABULARY].scheme, plan.parse_chunk, max_event_bytes=settings.max_event_bytes
-    )
+    guard = _guard(request, plan)
     chunks = exchange.chunks().__aiter__()
     overhead = metrics.overhead.labels("codec")
 
@@ -103,14 +138,12 @@ async def _serve(request: web.Request, plan: CodecPlan, exchange: Exchange) -> w
         try:
             chunk = await chunks.__anext__()
         except StopAsyncIteration:
-            return transcoder.end_of_upstream()
+            return guard.end_of_upstream()
         started = time.perf_counter()
-        frames = transcoder.feed(chunk)
+        frames = guard.feed(chunk)
         overhead.observe(time.perf_counter() - started)
         return frames
 
-    # Headers go out with the first frame: until then a timeout or an upstream failure is still
-    # a clean HTTP error (504/502) rather than an error frame.
     record.phase = "first_token"
     frames: list[Frame] = []
     while not frames:
@@ -118,16 +151,21 @@ async def _serve(request: web.Request, plan: CodecPlan, exchange: Exchange) -> w
             frames = await next_frames()
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable(f"upstream failed before the first token: {exc}") from exc
-    response = web.StreamResponse(status=200, headers=plan.response_headers())
+    headers = plan.response_headers()
+    policy = app.get(SAFETY_POLICY)
+    if policy is not None:
+        # Withheld from clients below 0.4 by the header floor hook (server/versioning.py).
+        headers.update(policy.response_headers())
+    response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
     writer = ClientWriter(
-        request, response, metrics=metrics, record=record, write_timeout=settings.write_timeout
+        request, response, metrics=metrics, record=record, write_timeout=app[SETTINGS].write_timeout
     )
     sink = DirectFrameSink(writer, plan.encoder)
     record.phase = "streaming"
     try:
         await sink.write(frames)
-        while not transcoder.done:
+        while not guard.done:
             # Only upstream reads are guarded: a failed write means the client left, and that
             # must propagate so the upstream request is closed and the backend stops.
             try:
@@ -135,7 +173,7 @@ async def _serve(request: web.Request, plan: CodecPlan, exchange: Exchange) -> w
             except (aiohttp.ClientError, ProxyError) as exc:
                 if isinstance(exc, UpstreamTimeout):
                     metrics.timeouts.labels("idle").inc()
-                frames = transcoder.fail(f"upstream failed mid-stream: {exc}")
+                frames = guard.fail(f"upstream failed mid-stream: {exc}")
             await sink.write(frames)
     except asyncio.CancelledError as exc:
         if not is_shutdown(exc):
@@ -145,16 +183,30 @@ async def _serve(request: web.Request, plan: CodecPlan, exchange: Exchange) -> w
         if current is not None:
             current.uncancel()
         record.outcome = "ended_by_shutdown"
-        await sink.write(transcoder.fail("proxy shutting down"))
+        await sink.write(guard.fail("proxy shutting down"))
     await sink.close()
-    outcome = transcoder.outcome
-    record.tokens = transcoder.tokens
-    metrics.tokens.labels(plan.encoder.stream_format).inc(transcoder.tokens)
-    if outcome is not None and outcome.error:
+    _account(request, plan, guard)
+    if guard.stopped is not None:
+        # Category names are public (in the descriptor); rule contents never are.
+        log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)
+        # Cancel, don't drain: closing the connection is what makes the backend stop.
+        exchange.response.close()
+    else:
+        await _drain(exchange.response)
+    return response
+
+
+def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard) -> None:
+    record = request[RECORD]
+    outcome = guard.outcome
+    tokens = outcome.tokens if outcome is not None else 0
+    record.tokens = tokens
+    request.app[METRICS].tokens.labels(plan.encoder.stream_format).inc(tokens)
+    if guard.stopped is not None:
+        record.outcome = "policy_stop"
+    elif outcome is not None and outcome.error:
         record.outcome = record.outcome if record.outcome != "ok" else "upstream_error"
         log.warning("codec stream ended with error: %s", outcome.error)
-    await _drain(exchange.response)
-    return response
 
 
 async def _drain(upstream: aiohttp.ClientResponse) -> None:

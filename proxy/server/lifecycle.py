@@ -1,8 +1,4 @@
-"""Liveness, readiness and a graceful drain.
-
-`/livez` says the process runs. `/readyz` says it should get traffic: not draining, at least one
-upstream available, and every registered check passing (tokenizer drift, for one). Neither is
-ever relayed upstream, and neither needs an API key.
+"""The graceful drain: which streams are in flight, and how to end them.
 
 On SIGTERM the proxy turns not-ready at once, stops accepting connections, lets in-flight
 streams finish for up to `drain_timeout` seconds, then ends the rest: a Codec stream gets its
@@ -14,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-# A readiness check returns None when fine, or why the proxy is not ready.
-ReadinessCheck = Callable[[], str | None]
 
 # The message a stream's task is cancelled with when the drain timeout ran out: the stream
 # tells this apart from a client that left, and ends with a terminal frame instead.
@@ -28,17 +21,8 @@ SHUTDOWN = "codec-proxy: drain timeout reached, ending the stream"
 @dataclass
 class Lifecycle:
     draining: bool = False
-    checks: dict[str, ReadinessCheck] = field(default_factory=dict)
     streams: set[asyncio.Task[object]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
-
-    def problems(self) -> list[str]:
-        found = ["draining: shutting down"] if self.draining else []
-        for name, check in self.checks.items():
-            reason = check()
-            if reason is not None:
-                found.append(f"{name}: {reason}")
-        return found
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[None]:

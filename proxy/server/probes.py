@@ -1,8 +1,10 @@
-"""`/livez`, `/readyz` and `/metrics`: answered by the proxy itself, never relayed upstream."""
+"""`/livez` and `/metrics`: answered by the proxy itself, never relayed upstream.
+
+(`/readyz` is in `readiness.py`: it reports every readiness check.)
+"""
 
 from __future__ import annotations
 
-import json
 import time
 
 from aiohttp import web
@@ -14,17 +16,6 @@ async def livez(request: web.Request) -> web.Response:
     """The process runs and its event loop answers."""
     uptime = time.monotonic() - request.app[LIFECYCLE].started
     return web.json_response({"status": "alive", "uptime_seconds": round(uptime, 3)})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    """Ready for traffic: not draining, an upstream available, every registered check passing."""
-    problems = request.app[LIFECYCLE].problems()
-    body = {"ready": not problems, "problems": problems}
-    return web.Response(
-        status=503 if problems else 200,
-        body=json.dumps(body).encode(),
-        content_type="application/json",
-    )
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from proxy.server.keys import LIFECYCLE
+from proxy.core.readiness import Check
+from proxy.server.keys import LIFECYCLE, READINESS
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -55,7 +56,10 @@ async def serve(
     try:
         await stop.wait()
         lifecycle = app[LIFECYCLE]
-        lifecycle.draining = True  # /readyz answers 503 from now on
+        lifecycle.draining = True
+        app[READINESS].update(  # /readyz answers 503 from now on
+            Check("draining", ready=False, reason="draining", detail="shutting down")
+        )
         await site.stop()  # no new connections
         if runner.server is not None:
             runner.server.pre_shutdown()  # no new requests on kept-alive connections

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -25,6 +25,7 @@ from yarl import URL
 
 from proxy.core.balancer import Balancer, UpstreamState
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.readiness import Check, Readiness
 from proxy.server.metrics import Metrics
 from proxy.settings import Settings
 
@@ -35,6 +36,11 @@ SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Conte
 
 # Our own probes say who they are, so backend logs (and tests) can tell them from traffic.
 HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
+
+# A pooled keep-alive connection the upstream had already closed (llama.cpp half-closes after a
+# streamed response; uvicorn closes idle ones after 5 s): the request never started there, so
+# it is sent again at once, to the same upstream, on a fresh connection.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
 
 # The connection failed before the upstream answered anything: safe to try another upstream.
 _NOTHING_SENT = (
@@ -97,11 +103,16 @@ class UpstreamPool:
     """The configured upstreams, their health, and the session that reaches them."""
 
     def __init__(
-        self, settings: Settings, session: aiohttp.ClientSession, metrics: Metrics
+        self,
+        settings: Settings,
+        session: aiohttp.ClientSession,
+        metrics: Metrics,
+        readiness: Readiness | None = None,
     ) -> None:
         self.settings = settings
         self.session = session
         self.metrics = metrics
+        self.readiness = readiness
         self.balancer = Balancer(
             settings.upstream,
             eject_after=settings.eject_after,
@@ -150,6 +161,7 @@ class UpstreamPool:
     ) -> Exchange:
         tried: set[str] = set()
         last_failure: BaseException | None = None
+        stale_retries_left = 2  # the pool may hold more than one such connection
         while True:
             upstream = self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
             if upstream is None:
@@ -178,6 +190,10 @@ class UpstreamPool:
             except _NOTHING_SENT as exc:
                 upstream.outstanding -= 1
                 last_failure = exc
+                if isinstance(exc, _STALE) and stale_retries_left:
+                    stale_retries_left -= 1
+                    self.metrics.retries.inc()
+                    continue
                 if isinstance(exc, aiohttp.ConnectionTimeoutError):
                     self.metrics.timeouts.labels("connect").inc()
                 self._failed(upstream, "connect", exc)
@@ -202,17 +218,55 @@ class UpstreamPool:
                 self.balancer.succeeded(upstream)
             return Exchange(response, upstream, deadline, self.settings.idle_timeout or None)
 
+    def request(
+        self,
+        method: str,
+        path_qs: str,
+        *,
+        headers: Iterable[tuple[str, str]] | Mapping[str, str],
+        data: bytes | None,
+    ) -> aiohttp.client._RequestContextManager:
+        """The proxy's own request (the drift check's probes) to the first available upstream.
+
+        Not balanced, retried or counted as traffic. Every upstream must serve the same model,
+        so probing one of them speaks for all.
+        """
+        now = time.monotonic()
+        upstreams = self.balancer.upstreams
+        target = next((u for u in upstreams if u.available(now)), upstreams[0])
+        return self.session.request(
+            method,
+            URL(target.url.rstrip("/") + path_qs, encoded=True),
+            headers=CIMultiDict(headers.items() if isinstance(headers, Mapping) else headers),
+            data=data,
+            allow_redirects=False,
+            skip_auto_headers=SKIP_AUTO_HEADERS,
+        )
+
     def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException | None) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
         reason = f"{kind}: {exc!r}" if exc is not None else kind
         if self.balancer.failed(upstream, time.monotonic(), reason):
             self.metrics.ejections.inc()
+            self._report()
             log.warning("upstream %s ejected for %.0fs after: %s", upstream.url,
                         self.settings.eject_seconds, reason)  # fmt: skip
 
     async def check_health(self) -> None:
         """One round of active checks: a 2xx (or a 404: no such endpoint) is healthy."""
         await asyncio.gather(*(self._check(u) for u in self.balancer.upstreams))
+        self._report()
+
+    def _report(self) -> None:
+        """Tell readiness whether any upstream can take a request now."""
+        if self.readiness is None:
+            return
+        available = self.balancer.any_available(time.monotonic())
+        detail = "; ".join(f"{u.url}: {u.last_error or 'ok'}" for u in self.balancer.upstreams)
+        self.readiness.update(
+            Check("upstreams", ready=available, reason="ok" if available else "no_upstream",
+                  detail=detail)
+        )  # fmt: skip
 
     async def _check(self, upstream: UpstreamState) -> None:
         url = upstream.url.rstrip("/") + self.settings.health_path

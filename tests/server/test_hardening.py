@@ -149,6 +149,21 @@ async def test_stale_connection_hang_up_before_answer_is_retried(
     assert flaky.outcomes.count("hung_up") >= 1
 
 
+async def test_stale_kept_alive_connection_is_retried_on_the_same_upstream(
+    proxy: ProxyClient, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(load_capture(SAMPLE), hang_up_on_reused_connection=True)
+    for payload in ({"prompt": "Hi", "stream": True}, codec_body(), {"prompt": "Hi"}):
+        async with proxy.post("/v1/completions", json=payload) as resp:
+            assert resp.status == 200  # never a 502 for a connection the upstream let go
+            await resp.read()
+    assert upstream.outcomes.count("complete") == 3
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    assert "codec_proxy_retries_total 2.0" in text  # the 2nd and 3rd found a stale connection
+    assert "codec_proxy_upstream_ejections_total 0.0" in text
+
+
 async def test_failure_after_first_byte_is_never_retried(
     make_proxy: MakeProxy, make_upstream
 ) -> None:
@@ -170,7 +185,8 @@ async def test_health_checks_decide_readiness_and_routing(
     proxy = await make_proxy(upstream=loading_url, health_interval=0.1)
     async with proxy.get("/readyz") as resp:
         assert resp.status == 503
-        assert "no upstream available" in json.dumps(await resp.json())
+        reasons = (await resp.json())["reasons"]
+    assert [(r["check"], r["reason"]) for r in reasons] == [("upstreams", "no_upstream")]
     async with proxy.post("/v1/completions", json=codec_body()) as resp:
         assert resp.status == 503
     assert loading.requests == []
