@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -86,6 +87,13 @@ class Script:
     drop_after_events: int | None = None  # close the connection abruptly after N events
     inject_after_events: int | None = None  # insert `inject` after N events
     inject: bytes = b""
+    header_delay: float = 0.0  # seconds before the status line is sent
+    stall_after_events: int | None = None  # go silent after N events...
+    stall_seconds: float = 0.0  # ...for this long
+    hang_up: bool = False  # read the request, then close the connection without answering
+    # Like a backend that closes kept-alive connections after a response (llama.cpp after a
+    # stream): a second request on a connection is read and dropped unanswered.
+    hang_up_on_reused_connection: bool = False
 
 
 @dataclass
@@ -109,6 +117,12 @@ class FakeUpstream:
     # A JSON body with any of these top-level fields gets a 400, as a server that does not
     # know them might answer (llama.cpp: logprobs with tools in a stream).
     refuse_fields: tuple[str, ...] = ()
+    # The proxy's own health checks, kept apart from the traffic it relays.
+    health_checks: list[RecordedRequest] = field(default_factory=list)
+    health_code: int = 200
+    health_status: str = "ok"
+    server: Any = None  # the TestServer serving it, when a test needs to stop it
+    _seen_transports: set[int] = field(default_factory=set)
     # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
     # proxy hung up on us, as it must when its client leaves).
     outcomes: list[str] = field(default_factory=list)
@@ -120,9 +134,11 @@ class FakeUpstream:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(
-            RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
-        )
+        recorded = RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
+        if request.headers.get("User-Agent") == "codec-proxy-health-check":
+            self.health_checks.append(recorded)
+            return web.json_response({"status": self.health_status}, status=self.health_code)
+        self.requests.append(recorded)
         if request.path == "/health":
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":
@@ -138,6 +154,19 @@ class FakeUpstream:
     async def _replay(self, request: web.Request) -> web.StreamResponse:
         script = self.script
         capture = script.capture
+        reused = id(request.transport) in self._seen_transports
+        self._seen_transports.add(id(request.transport))
+        if script.hang_up or (script.hang_up_on_reused_connection and reused):
+            assert request.transport is not None
+            request.transport.close()
+            self.outcomes.append("hung_up")
+            return web.Response()
+        if script.header_delay:
+            try:
+                await asyncio.sleep(script.header_delay)
+            except asyncio.CancelledError:
+                self.outcomes.append("aborted")
+                raise
         response = web.StreamResponse(status=capture.status, reason=capture.reason)
         for name, value in capture.headers:
             response.headers.add(name, value)
@@ -157,6 +186,8 @@ class FakeUpstream:
                     return response
                 if script.inject_after_events == index:
                     await response.write(script.inject)
+                if script.stall_after_events == index:
+                    await asyncio.sleep(script.stall_seconds)
                 for piece in _pieces(event, script.chunk_size):
                     await response.write(piece)
                     if script.delay:

@@ -105,7 +105,7 @@ async def make_real_proxy(
 ) -> Any:
     async def make(mode: str) -> ProxyClient:
         settings = Settings(
-            upstream=llama_server,
+            upstream=(llama_server,),
             tokenizer=smollm2_vocabulary.loaded.source,
             token_ids=mode,  # type: ignore[arg-type]
         )

@@ -12,8 +12,11 @@ from aiohttp import web
 
 from proxy.core.chunks import parse_chat_chunk
 from proxy.core.request import parse_chat_request
+from proxy.core.safety.json_policing import CHAT_DELTA, CHAT_MESSAGE
 from proxy.server.codec_stream import codec_plan, stream_codec
 from proxy.server.completions import read_body
+from proxy.server.json_policy import police_json
+from proxy.server.keys import SAFETY_POLICY
 from proxy.server.relay import relay, request_target
 
 
@@ -21,6 +24,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     parsed = parse_chat_request(raw)
     if not parsed.is_codec:
+        # Passed through byte for byte unless a safety policy must read it.
+        if SAFETY_POLICY in request.app:
+            return await police_json(request, raw, CHAT_DELTA, CHAT_MESSAGE)
         return await relay(request, body=raw)
     plan = codec_plan(
         request,

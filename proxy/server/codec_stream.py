@@ -1,10 +1,15 @@
 """Serve one Codec stream: an upstream JSON-SSE response re-framed as Codec frames.
 
 Every Codec entry point (Path A `/v1/completions`, Path B `/v1/completions/codec`, chat) builds a
-`CodecPlan` and calls `stream_codec`. The bytes are pumped through the sans-IO
-`CodecTranscoder`; this module only does the IO around it: the upstream request, the response
-headers, awaited writes (so a slow client applies backpressure all the way to the upstream),
-and closing the upstream when the stream ends.
+`CodecPlan` with `codec_plan` and calls `stream_codec`. The bytes are pumped through the sans-IO
+`CodecTranscoder` (wrapped by the `StreamGuard`, which applies the client's finish-reason floor
+and the safety policy); this module only does the IO around it: the upstream request, the
+response headers, awaited writes (so a slow client applies backpressure all the way to the
+upstream), and closing the upstream when the stream ends.
+
+The response starts once the first frame is ready and the token source is known. Until then
+nothing has reached the client, so a timeout or an upstream failure is still a clean HTTP error
+(504/502); after it, every failure becomes the one terminal error frame.
 """
 
 from __future__ import annotations
@@ -12,22 +17,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
+from proxy.core.errors import ProxyError, ServiceUnavailable, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.frames import Frame, FrameEncoder, encoder_for
+from proxy.core.guard import StreamGuard
 from proxy.core.negotiation import wants_prefixed_msgpack
-from proxy.core.token_source import TokenIdMode
+from proxy.core.safety.stream import PolicedIds
+from proxy.core.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.transcode import ChunkParser, CodecTranscoder
 from proxy.core.upstream_body import UpstreamRequest
+from proxy.server.client_writer import ClientWriter
 from proxy.server.frame_sink import DirectFrameSink
-from proxy.server.keys import MODEL, SETTINGS, UPSTREAM, VOCABULARY
+from proxy.server.keys import (
+    LIFECYCLE,
+    METRICS,
+    MODEL,
+    READINESS,
+    SAFETY_POLICY,
+    SETTINGS,
+    TOKENIZER_MAP,
+    UPSTREAM,
+    VOCABULARY,
+)
+from proxy.server.lifecycle import is_shutdown
 from proxy.server.model import MODELS_PATH
-from proxy.server.relay import forward_headers, relay_response, upstream_call
+from proxy.server.observe import RECORD
+from proxy.server.relay import forward_headers, relay_response
+from proxy.server.upstream import Exchange
+from proxy.server.versioning import client_version, codec_gate
 
 log = logging.getLogger("codec_proxy")
 
@@ -60,9 +83,11 @@ class CodecPlan:
     token_ids: TokenIdMode = "retokenize"
     # Path B: CodecRequest names no model; use --model or the upstream's only one.
     resolve_model: bool = False
+    # `Codec-Tokenizer-Map: <id> sha256:<64 hex>` of the map the IDs follow (floor v0.2).
+    tokenizer_map: str | None = None
 
     def response_headers(self, token_source: str) -> dict[str, str]:
-        return {
+        headers = {
             "Content-Type": self.encoder.content_type,
             # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
             "Cache-Control": "no-cache",
@@ -75,6 +100,9 @@ class CodecPlan:
             # `backend` (the model's sampled IDs) or `retokenized` (core/token_source.py).
             "Codec-Token-Source": token_source,
         }
+        if self.tokenizer_map is not None:
+            headers["Codec-Tokenizer-Map"] = self.tokenizer_map
+        return headers
 
 
 def codec_plan(
@@ -86,7 +114,12 @@ def codec_plan(
     parse_chunk: ChunkParser,
     resolve_model: bool = False,
 ) -> CodecPlan:
-    """The plan every Codec entry point builds: encoder from `stream_format` and `Accept`."""
+    """The plan every Codec entry point builds: encoder from `stream_format` and `Accept`.
+
+    Called before any upstream contact, so the version gate's 426 comes first (codec-spec.md
+    §6) and a refused client never costs the backend anything.
+    """
+    codec_gate(request)
     encoder = encoder_for(
         stream_format, prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept"))
     )
@@ -95,98 +128,182 @@ def codec_plan(
         upstream,
         encoder,
         parse_chunk,
-        request.app[SETTINGS].token_ids,
-        resolve_model,
+        token_ids=request.app[SETTINGS].token_ids,
+        resolve_model=resolve_model,
+        tokenizer_map=request.app[TOKENIZER_MAP].header_value,
     )
 
 
 async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
-    # Checks that refuse a request outright belong before this point: what follows contacts
-    # the upstream (the model lookup included).
-    settings = request.app[SETTINGS]
-    model = settings.model
+    app = request.app
+    # Never stream IDs while a readiness check (the tokenizer drift check) says they would be
+    # wrong; JSON requests do not come here and keep passing through.
+    refusal = app[READINESS].codec_refusal()
+    if refusal is not None:
+        raise ServiceUnavailable(refusal.detail, code=refusal.reason)
+    record = request[RECORD]
+    record.mode = "codec"
+    record.stream_format = plan.encoder.stream_format
+    record.phase = "upstream_headers"
+    model = app[SETTINGS].model
     if plan.resolve_model:
-        model = await request.app[MODEL].name(lambda: _list_models(request))
-    async with _upstream_stream(request, plan, model) as (upstream, asked_for_ids):
-        if upstream.status != 200:
-            # Before the stream starts the upstream's own error is the best answer: pass it on.
-            return await relay_response(request, upstream)
-        vocabulary = request.app[VOCABULARY]
-        transcoder = CodecTranscoder(
-            vocabulary.scheme,
-            plan.parse_chunk,
-            max_event_bytes=settings.max_event_bytes,
-            token_ids=plan.token_ids if asked_for_ids else "retokenize",
-            token_bytes=vocabulary.token_bytes,
-        )
-        chunks = upstream.content.iter_any().__aiter__()
-        # `Codec-Token-Source` is a header, and `auto` knows the source only from the first
-        # chunk with output: read until then (no frame could have gone out earlier anyway).
-        first: list[Frame] = []
-        while transcoder.token_source is None and not transcoder.done:
-            first += await _step(chunks, transcoder)
-        source = transcoder.token_source or "retokenized"
-        response = web.StreamResponse(status=200, headers=plan.response_headers(source))
-        await response.prepare(request)
-        sink = DirectFrameSink(response, plan.encoder)
-        await sink.write(first)
-        while not transcoder.done:
-            await sink.write(await _step(chunks, transcoder))
-        await sink.close()
-        outcome = transcoder.outcome
-        if outcome is not None and outcome.error:
-            log.warning("codec stream ended with error: %s", outcome.error)
-        if outcome is not None and outcome.retokenized_spans:
-            log.info(
-                "backend IDs did not account for %d span(s); those were retokenized",
-                outcome.retokenized_spans,
-            )
-        await _drain(upstream)
-    return response
+        model = await app[MODEL].name(lambda: _list_models(request))
+    active = app[METRICS].active_streams.labels("codec")
+    active.inc()
+    try:
+        with app[LIFECYCLE].tracking():
+            async with _open_upstream(request, plan, model) as (exchange, asked_for_ids):
+                record.upstream = exchange.upstream.url
+                if exchange.response.status != 200:
+                    # Before the stream starts the upstream's own error is the best answer.
+                    return await relay_response(request, exchange)
+                response = await _serve(request, plan, exchange, asked_for_ids)
+                record.bytes_in = exchange.bytes_in
+                return response
+    finally:
+        active.dec()
 
 
-@asynccontextmanager
-async def _upstream_stream(
+@contextlib.asynccontextmanager
+async def _open_upstream(
     request: web.Request, plan: CodecPlan, model: str | None
-) -> AsyncIterator[tuple[aiohttp.ClientResponse, bool]]:
-    """The upstream response, and whether its request asked for token IDs."""
+) -> AsyncIterator[tuple[Exchange, bool]]:
+    """The upstream exchange, and whether its request asked for token IDs."""
     headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
     ask = plan.token_ids != "retokenize"
-    upstream = request.app[UPSTREAM]
+    pool = request.app[UPSTREAM]
     body = plan.upstream.body(model=model, ask_for_ids=ask)
-    async with upstream_call(upstream, "POST", plan.upstream_path, headers=headers, data=body) as r:
-        if not (ask and plan.token_ids == "auto" and r.status in _REFUSED):
-            yield r, ask
+    async with pool.open("POST", plan.upstream_path, headers=headers, data=body) as exchange:
+        status = exchange.response.status
+        if not (ask and plan.token_ids == "auto" and status in _REFUSED):
+            yield exchange, ask
             return
-        detail = await r.content.read(_ERROR_BODY_LIMIT)
+        detail = await exchange.response.content.read(_ERROR_BODY_LIMIT)
     # `auto` promises the text either way: an upstream that rejects the added fields is asked
     # again without them, so their names never reach the client in an error either.
-    log.info("upstream refused the token-ID fields (%d %r); retokenizing", r.status, detail[:200])
+    log.info("upstream refused the token-ID fields (%d %r); retokenizing", status, detail[:200])
     body = plan.upstream.body(model=model, ask_for_ids=False)
-    async with upstream_call(upstream, "POST", plan.upstream_path, headers=headers, data=body) as r:
-        yield r, False
+    async with pool.open("POST", plan.upstream_path, headers=headers, data=body) as exchange:
+        yield exchange, False
 
 
 async def _list_models(request: web.Request) -> tuple[int, bytes]:
     headers = [("Accept", "application/json"), ("Accept-Encoding", "identity")]
-    upstream = request.app[UPSTREAM]
-    async with upstream_call(upstream, "GET", MODELS_PATH, headers=headers, data=None) as resp:
-        return resp.status, await resp.content.read(_ERROR_BODY_LIMIT * 16)
-
-
-async def _step(chunks: AsyncIterator[bytes], transcoder: CodecTranscoder) -> list[Frame]:
-    """One upstream read through the transcoder.
-
-    Only upstream reads are guarded: a failed write means the client left, and that must
-    propagate so the upstream request is closed and the backend stops generating.
-    """
     try:
-        chunk = await chunks.__anext__()
-    except StopAsyncIteration:
-        return transcoder.end_of_upstream()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return transcoder.fail(f"upstream failed mid-stream: {exc!r}")
-    return transcoder.feed(chunk)
+        async with request.app[UPSTREAM].request(
+            "GET", MODELS_PATH, headers=headers, data=None
+        ) as resp:
+            return resp.status, await resp.content.read(_ERROR_BODY_LIMIT * 16)
+    except aiohttp.ClientError as exc:
+        raise UpstreamUnavailable(f"GET {MODELS_PATH} failed: {exc}") from exc
+
+
+def _guard(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> StreamGuard:
+    app = request.app
+    vocabulary = app[VOCABULARY]
+    transcoder = CodecTranscoder(
+        vocabulary.scheme,
+        plan.parse_chunk,
+        max_event_bytes=app[SETTINGS].max_event_bytes,
+        token_ids=plan.token_ids if asked_for_ids else "retokenize",
+        token_bytes=vocabulary.token_bytes,
+    )
+    policy = app.get(SAFETY_POLICY)
+    policed = None if policy is None else PolicedIds(policy.rules, vocabulary.loaded.tokenizer)
+    # The guard applies the client's finish-reason floor and, when enabled, the policy.
+    return StreamGuard(transcoder, client_version(request), policed)
+
+
+async def _serve(
+    request: web.Request, plan: CodecPlan, exchange: Exchange, asked_for_ids: bool
+) -> web.StreamResponse:
+    app = request.app
+    record = request[RECORD]
+    metrics = app[METRICS]
+    guard = _guard(request, plan, asked_for_ids)
+    chunks = exchange.chunks().__aiter__()
+    overhead = metrics.overhead.labels("codec")
+
+    async def next_frames() -> list[Frame]:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return guard.end_of_upstream()
+        started = time.perf_counter()
+        frames = guard.feed(chunk)
+        overhead.observe(time.perf_counter() - started)
+        return frames
+
+    record.phase = "first_token"
+    # `Codec-Token-Source` is a header, and `auto` knows the source only from the first chunk
+    # with output: read until then (no frame could have gone out earlier anyway).
+    frames: list[Frame] = []
+    while not guard.done and (not frames or guard.token_source is None):
+        try:
+            frames += await next_frames()
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable(f"upstream failed before the first token: {exc}") from exc
+    headers = plan.response_headers(guard.token_source or RETOKENIZED)
+    policy = app.get(SAFETY_POLICY)
+    if policy is not None:
+        # Withheld from clients below 0.4 by the header floor hook (server/versioning.py).
+        headers.update(policy.response_headers())
+    response = web.StreamResponse(status=200, headers=headers)
+    await response.prepare(request)
+    writer = ClientWriter(
+        request, response, metrics=metrics, record=record, write_timeout=app[SETTINGS].write_timeout
+    )
+    sink = DirectFrameSink(writer, plan.encoder)
+    record.phase = "streaming"
+    try:
+        await sink.write(frames)
+        while not guard.done:
+            # Only upstream reads are guarded: a failed write means the client left, and that
+            # must propagate so the upstream request is closed and the backend stops.
+            try:
+                frames = await next_frames()
+            except (aiohttp.ClientError, ProxyError) as exc:
+                if isinstance(exc, UpstreamTimeout):
+                    metrics.timeouts.labels("idle").inc()
+                frames = guard.fail(f"upstream failed mid-stream: {exc}")
+            await sink.write(frames)
+    except asyncio.CancelledError as exc:
+        if not is_shutdown(exc):
+            raise
+        # The drain timeout ran out: end the stream properly, then finish normally.
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        record.outcome = "ended_by_shutdown"
+        await sink.write(guard.fail("proxy shutting down"))
+    await sink.close()
+    _account(request, plan, guard)
+    if guard.stopped is not None:
+        # Category names are public (in the descriptor); rule contents never are.
+        log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)
+        # Cancel, don't drain: closing the connection is what makes the backend stop.
+        exchange.response.close()
+    else:
+        await _drain(exchange.response)
+    return response
+
+
+def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard) -> None:
+    record = request[RECORD]
+    outcome = guard.outcome
+    tokens = outcome.tokens if outcome is not None else 0
+    record.tokens = tokens
+    request.app[METRICS].tokens.labels(plan.encoder.stream_format).inc(tokens)
+    if guard.stopped is not None:
+        record.outcome = "policy_stop"
+    elif outcome is not None and outcome.error:
+        record.outcome = record.outcome if record.outcome != "ok" else "upstream_error"
+        log.warning("codec stream ended with error: %s", outcome.error)
+    if outcome is not None and outcome.retokenized_spans:
+        log.info(
+            "backend IDs did not account for %d span(s); those were retokenized",
+            outcome.retokenized_spans,
+        )
 
 
 async def _drain(upstream: aiohttp.ClientResponse) -> None:

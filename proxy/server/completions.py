@@ -7,8 +7,10 @@ from aiohttp import web
 from proxy.core.chunks import parse_completion_chunk
 from proxy.core.errors import UnsupportedMediaType
 from proxy.core.request import parse_completion_request
+from proxy.core.safety.json_policing import COMPLETION_TEXT
 from proxy.server.codec_stream import codec_plan, stream_codec
-from proxy.server.keys import VOCABULARY
+from proxy.server.json_policy import police_json
+from proxy.server.keys import SAFETY_POLICY, VOCABULARY
 from proxy.server.relay import relay, request_target
 
 
@@ -25,6 +27,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     vocabulary = request.app[VOCABULARY]
     parsed = parse_completion_request(raw, vocab_size=vocabulary.loaded.vocab_size)
     if not parsed.is_codec:
+        # JSON is not Codec traffic: never refused for its version. Passed through byte for
+        # byte unless a safety policy must read it.
+        if SAFETY_POLICY in request.app:
+            return await police_json(request, raw, COMPLETION_TEXT, COMPLETION_TEXT)
         return await relay(request, body=raw)
     plan = codec_plan(
         request,
