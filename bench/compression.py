@@ -90,7 +90,7 @@ WHOLE = "whole"
 FORMATS = ("msgpack", "protobuf")
 CODINGS: tuple[ContentCoding, ...] = ("identity", "gzip", "br", "zstd")
 RATE = 50.0  # tokens/s for the natural corpus
-DEFAULTS = Settings(upstream="", tokenizer=Path())
+DEFAULTS = Settings(upstream=("http://unused",), tokenizer=Path())  # for its defaults
 LLAMA_PROMPTS = (
     "Write a long story about a lighthouse keeper and a storm.",
     "Explain in detail how the internet works, from cables to web pages.",

@@ -2,7 +2,9 @@
 
 codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
 codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
-codec-proxy client [--url URL] [--format msgpack|protobuf] [--max-tokens N] PROMPT
+codec-proxy client [--url URL] [--format msgpack|msgpack-delta|protobuf] [--max-tokens N] PROMPT
+codec-proxy map generate --tokenizer PATH --id ID [--out FILE]
+codec-proxy map verify FILE [--tokenizer PATH]
 codec-proxy dict train --tokenizer PATH --format msgpack|protobuf --corpus DIR_OR_FILE --out FILE
 """
 
@@ -11,61 +13,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import sys
-import tomllib
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from proxy import __version__
+from proxy import __version__, config, logs
+from proxy.core.errors import ConfigError
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
 
 
 def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
-    if not embedded:
-        parser.add_argument("--upstream", help="base URL of the OpenAI-compatible backend")
-        parser.add_argument(
-            "--tokenizer",
-            type=Path,
-            help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory",
-        )
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
-    parser.add_argument("--model", help="model name for Codec requests that do not name one")
-    parser.add_argument("--config", type=Path, help="TOML file with the same keys as these flags")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     parser.add_argument(
-        "--flush-interval-ms",
-        type=float,
-        help="compressed streams: longest a frame waits for its flush (0: flush every frame)",
+        "--config", type=Path, help="TOML or YAML file whose keys are these flags' names"
     )
-    parser.add_argument(
-        "--flush-frames",
-        type=int,
-        help="compressed streams: flush once this many frames are pending (0: every frame)",
+    # One flag per setting (proxy/settings.py); `embedded` provides upstream and tokenizer.
+    config.add_flags(parser, skip=frozenset({"upstream", "tokenizer"}) if embedded else frozenset())
+
+
+def _map_arguments(maps: argparse.ArgumentParser) -> None:
+    actions = maps.add_subparsers(dest="map_command", required=True, metavar="ACTION")
+    generate = actions.add_parser("generate", help="write the Codec tokenizer map of a tokenizer")
+    generate.add_argument(
+        "--tokenizer", type=Path, required=True, help="a GGUF file, a tokenizer.json, or a map"
     )
-    parser.add_argument(
-        "--merge-frames",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="send the frames of one flush window as one frame (default: on)",
-    )
-    parser.add_argument(
-        "--zstd-dict",
-        dest="zstd_dicts",
-        action="append",
-        metavar="FORMAT=PATH",
-        help="zstd dictionary for msgpack or protobuf responses (repeatable)",
-    )
-    parser.add_argument(
-        "--dictionaries-manifest",
-        help="manifest of trained dictionaries to load ('none': none; default: the shipped one)",
-    )
+    generate.add_argument("--id", required=True, help="map id, e.g. qwen/qwen3 ([a-z0-9._/-]+)")
+    generate.add_argument("--out", type=Path, help="file to write (default: standard output)")
+    verify = actions.add_parser("verify", help="check a map file, optionally against a tokenizer")
+    verify.add_argument("file", type=Path, help="the map to check")
+    verify.add_argument("--tokenizer", type=Path, help="the tokenizer the map should describe")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,10 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     embedded.add_argument("--model-file", type=Path, help="GGUF model (default: bundled SmolLM2)")
     embedded.add_argument("--backend-port", type=int, help="llama.cpp port (default: a free one)")
 
+    check = commands.add_parser(
+        "check-config", help="validate a config file (and CODEC_PROXY_* variables) and exit"
+    )
+    check.add_argument("file", type=Path)
+    commands.add_parser(
+        "config-example", help="print a config file with every setting and its default"
+    )
+
     client = commands.add_parser("client", help="stream a completion through the proxy as Codec")
     client.add_argument("prompt")
     client.add_argument("--url", default="http://127.0.0.1:8080")
-    client.add_argument("--format", choices=("msgpack", "protobuf"), default="msgpack")
+    client.add_argument(
+        "--format", choices=("msgpack", "msgpack-delta", "protobuf"), default="msgpack"
+    )
     client.add_argument("--max-tokens", type=int, default=64)
     client.add_argument("--temperature", type=float, default=0.0)
     client.add_argument(
@@ -108,74 +97,85 @@ def build_parser() -> argparse.ArgumentParser:
     from proxy.dictionaries.train import add_train_arguments
 
     add_train_arguments(train)
+
+    maps = commands.add_parser("map", help="generate or verify a Codec tokenizer map")
+    _map_arguments(maps)
     return parser
 
 
 def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
-    """Config file first, then flags that were given on the command line."""
-    values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            values.update(tomllib.loads(args.config.read_text()))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SystemExit(f"codec-proxy: cannot read config {args.config}: {exc}") from exc
-    known = {field.name for field in fields(Settings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise SystemExit(
-            f"codec-proxy: unknown config key(s) in {args.config}: {', '.join(unknown)}"
-        )
-    for name in known:
-        value = getattr(args, name, None)
-        if value is not None:
-            values[name] = value
-    values.update(overrides)
-    for required in ("upstream", "tokenizer"):
-        if values.get(required) is None:
-            raise SystemExit(f"codec-proxy: --{required} is required (or '{required}' in --config)")
-    values["tokenizer"] = Path(values["tokenizer"])
-    if "zstd_dicts" in values:
-        values["zstd_dicts"] = tuple(values["zstd_dicts"])
-    if "dictionaries_manifest" in values:
-        manifest = values["dictionaries_manifest"]
-        values["dictionaries_manifest"] = None if manifest in (None, "", "none") else Path(manifest)
-    return Settings(**values)
+    """Defaults, then the config file, then CODEC_PROXY_* variables, then flags."""
+    try:
+        return config.load(file=args.config, flags={**config.flags_of(args), **overrides})
+    except ConfigError as exc:
+        raise SystemExit(f"codec-proxy: {exc.message}") from exc
 
 
 def run_proxy(settings: Settings, *, banner: str = "") -> None:
+    logs.configure(settings.log_format, settings.log_level)
+    if settings.workers > 1:
+        from proxy.server.workers import supervise
+
+        print(f"codec-proxy: {settings.workers} workers on port {settings.port}", flush=True)
+        if banner:
+            print(banner, flush=True)
+        supervise(settings, run_worker)
+        return
+    run_worker(settings, 0, banner)
+
+
+def run_worker(settings: Settings, index: int, banner: str = "") -> None:
+    """One serving process (the only one, or one of `--workers N`)."""
     from proxy.core.dictionaries import DictionaryError
+    from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
+    from proxy.server.keys import TOKENIZER_MAP, VOCABULARY
+    from proxy.server.runner import serve as serve_app
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
+    if index:  # a spawned worker starts with a fresh logging configuration
+        logs.configure(settings.log_format, settings.log_level)
     try:
         tokenizer = load_tokenizer(settings.tokenizer)
-    except TokenizerLoadError as exc:
-        raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    try:
         app = create_app(settings, tokenizer)
-    except DictionaryError as exc:
+    except (TokenizerLoadError, TokenizerMapError, ConfigError, DictionaryError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
+    published = app[TOKENIZER_MAP]
+    for caveat in app[VOCABULARY].map_content.caveats:
+        log.warning("tokenizer map %s: %s", published.id, caveat)
 
-    def announce(*_: object) -> None:
+    def announce() -> None:
+        if index:
+            return
         print(
             f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
-            f"-> {settings.upstream} (tokenizer {settings.tokenizer.name}, "
-            f"vocab {tokenizer.vocab_size})",
+            f"-> {', '.join(settings.upstream)} (tokenizer {settings.tokenizer.name}, "
+            f"vocab {tokenizer.vocab_size}, map {published.header_value})",
             flush=True,
         )
         if banner:
             print(banner, flush=True)
 
-    # handler_cancellation: a client that disconnects cancels its handler at once, which
-    # closes the upstream request, so the backend stops generating (peers.md A7).
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        print=announce,
-        handler_cancellation=True,
-        access_log=None,
-    )
+    asyncio.run(serve_app(app, settings, reuse_port=settings.workers > 1, announce=announce))
+
+
+def config_example(_: argparse.Namespace) -> int:
+    print(config.example_toml(), end="")
+    return 0
+
+
+def check_config(args: argparse.Namespace) -> int:
+    try:
+        settings = config.load(file=args.file)
+    except ConfigError as exc:
+        print(f"codec-proxy: {exc.message}", file=sys.stderr)
+        return 2
+    if not settings.tokenizer.exists():
+        print(f"codec-proxy: 'tokenizer' {settings.tokenizer} does not exist", file=sys.stderr)
+        return 2
+    print(config.describe(settings))
+    print(f"ok: {args.file}")
+    return 0
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -200,11 +200,12 @@ def embedded(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args, upstream=backend.url, tokenizer=model)
         url = f"http://{settings.host}:{settings.port}"
+        command = _own_command()
         banner = "\n".join(
             [
                 f"llama.cpp server (SmolLM2-135M) on {backend.url}, log in {log_path}",
                 "Try it:",
-                f'  codec-proxy client --url {url} "The capital of France is"',
+                f'  {command} client --url {url} "The capital of France is"',
                 f"  curl -N {url}/v1/completions -H 'Content-Type: application/json' \\",
                 '    -d \'{"prompt": "Once upon a time", "max_tokens": 32, '
                 '"stream_format": "msgpack"}\' | xxd | head',
@@ -216,6 +217,17 @@ def embedded(args: argparse.Namespace) -> int:
     finally:
         backend.stop()
     return 0
+
+
+def _own_command() -> str:
+    """How to run codec-proxy again from here (the venv's script when not on PATH)."""
+    script = Path(sys.executable).parent / "codec-proxy"
+    if shutil.which("codec-proxy") == str(script) or not script.exists():
+        return "codec-proxy"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def client(args: argparse.Namespace) -> int:
@@ -230,12 +242,22 @@ def dictionary(args: argparse.Namespace) -> int:
     return run_train(args)
 
 
+def tokenizer_map(args: argparse.Namespace) -> int:
+    from proxy.maps.cli import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    handlers = {"serve": serve, "embedded": embedded, "client": client, "dict": dictionary}
+    logs.configure("text", "INFO")
+    handlers = {
+        "serve": serve,
+        "embedded": embedded,
+        "client": client,
+        "map": tokenizer_map,
+        "dict": dictionary,
+        "check-config": check_config,
+        "config-example": config_example,
+    }
     return handlers[args.command](args)

@@ -1,9 +1,18 @@
-"""Runtime settings: one frozen value, built by the CLI and handed to the app factory."""
+"""Runtime settings: one frozen value, built by `proxy.config` and handed to the app factory.
+
+Each field is a setting: its name is the config-file key, `CODEC_PROXY_<NAME>` its environment
+variable and `--<name>` its flag (see `proxy/config.py`). `Option` metadata holds the help
+text and the bounds that are checked at start.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+from proxy.core.token_source import TokenIdMode
 
 MiB = 1 << 20
 # The trained dictionaries shipped with the proxy (dictionaries/manifest.json).
@@ -13,32 +22,186 @@ DEFAULT_DICTIONARIES_MANIFEST = (
 
 
 @dataclass(frozen=True)
+class Option:
+    """How a setting is presented and checked."""
+
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    secret: bool = False  # never logged, printed or exported
+    url: bool = False  # values must be http(s) URLs
+    flag: str | None = None  # flag name when it differs from the field name
+    # Shown commented out in the example config instead of a default that depends on the
+    # machine (a path inside the checkout).
+    example: str | None = None
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", **checks: Any) -> Any:
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata={"option": Option(help, **checks)})
+    return dataclasses.field(default=default, metadata={"option": Option(help, **checks)})
+
+
+@dataclass(frozen=True)
 class Settings:
-    upstream: str
-    tokenizer: Path
-    host: str = "127.0.0.1"
-    port: int = 8080
-    # The model name sent upstream when a Codec request does not name one.
-    model: str | None = None
-    # Request bodies are capped (decompressed size) before anything is parsed.
-    max_body_bytes: int = 32 * MiB
-    # One SSE event from the upstream may not exceed this (a bounded parser, peers.md A3).
-    max_event_bytes: int = 1 * MiB
-    connect_timeout: float = 10.0
+    # --- where ---
+    upstream: tuple[str, ...] = option(
+        help="backend base URL; repeat for several (least-outstanding-requests balancing)",
+        url=True,
+    )
+    tokenizer: Path = option(
+        help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory"
+    )
+    host: str = option("127.0.0.1", help="address to listen on")
+    port: int = option(8080, help="port to listen on", minimum=0, maximum=65535)
+    model: str | None = option(None, help="model name for Codec requests that do not name one")
+
+    # --- limits ---
+    max_body_bytes: int = option(
+        32 * MiB, help="largest request body, after decompression (413 beyond)", minimum=1
+    )
+    max_event_bytes: int = option(
+        1 * MiB, help="largest single SSE event from the upstream (a bounded parser)", minimum=64
+    )
+    max_streams: int = option(
+        1024, help="concurrent upstream requests per worker; beyond it 503 + Retry-After", minimum=1
+    )
+
+    # --- timeouts (seconds; 0 disables). No total timeout: long generations are not failures.
+    connect_timeout: float = option(5.0, help="TCP connect to an upstream", minimum=0)
+    ttft_timeout: float = option(
+        300.0,
+        help="from request to the upstream's first body byte (prefill can be slow)",
+        minimum=0,
+    )
+    idle_timeout: float = option(
+        60.0, help="longest silence between two upstream chunks mid-stream", minimum=0
+    )
+    write_timeout: float = option(
+        30.0, help="longest a client may stall our writes before it is dropped", minimum=0
+    )
+    drain_timeout: float = option(
+        30.0, help="on SIGTERM, how long in-flight streams may finish", minimum=0
+    )
+
+    # --- upstream pool ---
     # Explicit pool limits: aiohttp's silent default of 100 queues request 101 (peers.md A1).
-    pool_limit: int = 1024
-    pool_limit_per_host: int = 0
+    pool_limit: int = option(1024, help="upstream connections per worker, all hosts", minimum=1)
+    pool_limit_per_host: int = option(
+        0, help="upstream connections per host (0: no cap)", minimum=0
+    )
     # Shorter than uvicorn's 5 s idle close, so we never reuse a connection it is closing (A8).
-    keepalive_timeout: float = 4.0
-    # Compressed Codec streams flush when the oldest unflushed frame has waited this long, or
-    # when `flush_frames` frames are pending; 0 flushes every frame. The first frame is always
-    # flushed at once. Defaults measured in docs/COMPRESSION.md.
-    flush_interval_ms: float = 50.0
-    flush_frames: int = 32
-    # Frames of one flush window leave as one frame: fewer bytes, same latency.
-    merge_frames: bool = True
-    # zstd dictionaries (codec-spec.md §5: zstd only with one). The manifest's are loaded at
-    # start and their sha256 verified (None: no manifest); `zstd_dicts` entries
-    # ("msgpack=PATH", "protobuf=PATH") replace the manifest's for their format.
-    dictionaries_manifest: Path | None = DEFAULT_DICTIONARIES_MANIFEST
-    zstd_dicts: tuple[str, ...] = ()
+    keepalive_timeout: float = option(
+        4.0, help="idle upstream connections are closed after this", minimum=0
+    )
+    health_path: str = option("/health", help="upstream path polled for readiness")
+    health_interval: float = option(5.0, help="seconds between active health checks", minimum=0.1)
+    eject_after: int = option(
+        3, help="consecutive connect errors or 5xx that eject an upstream", minimum=1
+    )
+    eject_seconds: float = option(
+        10.0, help="how long an ejected upstream sits out before it is tried again", minimum=0
+    )
+
+    # --- access ---
+    api_key: tuple[str, ...] = option(
+        (), help="local API key clients must send as 'Authorization: Bearer <key>'", secret=True
+    )
+    api_key_file: Path | None = option(
+        None, help="file with one local API key per line (secret)", secret=True
+    )
+
+    # --- Codec discovery and the vocab handshake (docs/TOKENIZER_MAPS.md) ---
+    map_id: str | None = option(
+        None,
+        help="id of the published tokenizer map (default: a map's own id, else the file name)",
+    )
+    drift_check: bool = option(
+        True, help="compare the tokenizer with the backend's /tokenize; a mismatch refuses Codec"
+    )
+    drift_check_interval: float = option(
+        300.0, help="seconds between drift checks after the one at start", minimum=1
+    )
+    # Retokenizing cannot recover a non-canonical split or an unrendered end-of-turn token; the
+    # backend's sampled IDs can (proxy/core/token_source.py, docs/ENDPOINTS.md).
+    token_ids: TokenIdMode = option(
+        "auto",
+        help="where frame IDs come from: auto (backend's when it sends them), backend, retokenize",
+    )
+
+    # --- version negotiation and the safety policy (docs/VERSIONING_AND_SAFETY.md) ---
+    # Both off by default: nothing enforced, no 426 ever sent, JSON passes through untouched.
+    safety_policy: Path | None = option(
+        None, help="safety policy file (public descriptor + private rules); enables the policy"
+    )
+    enforce_safety_policy: bool = option(
+        False, help="answer Codec clients below 0.4 with 426 (needs safety_policy)"
+    )
+    version_policy: Literal["off", "advisory", "strict"] = option(
+        "off", help="off; advisory: log clients below 0.4; strict: 426 below 0.4"
+    )
+    deployment_id: str | None = option(None, help="named in 426 bodies and the version policy")
+    docs_url: str | None = option(None, help="upgrade documentation URL for 426 bodies")
+
+    # --- compressed Codec streams (docs/COMPRESSION.md: defaults measured there) ---
+    # The first frame is always flushed at once; later ones wait at most this long.
+    flush_interval_ms: float = option(
+        50.0,
+        help="compressed streams: longest a frame waits for its flush (0: flush every frame)",
+        minimum=0,
+    )
+    flush_frames: int = option(
+        32,
+        help="compressed streams: flush once this many frames are pending (0: every frame)",
+        minimum=0,
+    )
+    merge_frames: bool = option(
+        True, help="compressed streams: send the frames of one flush window as one frame"
+    )
+    # zstd only with a dictionary (codec-spec.md §5). The manifest's are loaded at start and
+    # their sha256 verified; `zstd_dicts` entries replace the manifest's for their format.
+    dictionaries_manifest: Path | None = option(
+        DEFAULT_DICTIONARIES_MANIFEST,
+        help="manifest of trained zstd dictionaries ('none': none; default: the shipped one)",
+        example='"/etc/codec-proxy/dictionaries/manifest.json"',
+    )
+    zstd_dicts: tuple[str, ...] = option(
+        (),
+        help="zstd dictionary for one format, FORMAT=PATH (msgpack or protobuf; repeatable)",
+        flag="zstd-dict",
+    )
+
+    # --- process ---
+    workers: int = option(1, help="worker processes sharing the port (SO_REUSEPORT)", minimum=1)
+    log_format: Literal["json", "text"] = option("json", help="access and event log format")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = option("INFO", help="log level")
+
+    def __post_init__(self) -> None:
+        # One URL where a list is expected is a list of one (Settings(upstream="http://...")).
+        upstream: object = self.upstream
+        if isinstance(upstream, str):
+            object.__setattr__(self, "upstream", (upstream,))
+        tokenizer: object = self.tokenizer
+        if isinstance(tokenizer, str):
+            object.__setattr__(self, "tokenizer", Path(tokenizer))
+        if not self.upstream:
+            raise ValueError("'upstream' needs at least one URL")
+
+    def __repr__(self) -> str:
+        # Secrets never reach a log line through a repr.
+        parts = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.metadata.get("option", Option()).secret and value:
+                value = "<redacted>"
+            parts.append(f"{field.name}={value!r}")
+        return f"Settings({', '.join(parts)})"
+
+    def api_keys(self) -> frozenset[str]:
+        """Every accepted local API key: the flag/env/file keys and the key file's lines."""
+        keys = set(self.api_key)
+        if self.api_key_file is not None:
+            keys.update(
+                line.strip() for line in self.api_key_file.read_text().splitlines() if line.strip()
+            )
+        return frozenset(keys)

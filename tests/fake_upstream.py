@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -49,7 +50,9 @@ class Capture:
             choices = json.loads(data).get("choices") or []
             for choice in choices:
                 if chat:
-                    text.append(choice.get("delta", {}).get("content") or "")
+                    delta = choice.get("delta", {})
+                    text.append(delta.get("reasoning_content") or "")
+                    text.append(delta.get("content") or "")
                 else:
                     text.append(choice.get("text", ""))
         return "".join(text)
@@ -84,8 +87,13 @@ class Script:
     drop_after_events: int | None = None  # close the connection abruptly after N events
     inject_after_events: int | None = None  # insert `inject` after N events
     inject: bytes = b""
-    stall_after_events: int | None = None  # go quiet for `stall` seconds after N events
-    stall: float = 0.0
+    header_delay: float = 0.0  # seconds before the status line is sent
+    stall_after_events: int | None = None  # go silent after N events...
+    stall_seconds: float = 0.0  # ...for this long
+    hang_up: bool = False  # read the request, then close the connection without answering
+    # Like a backend that closes kept-alive connections after a response (llama.cpp after a
+    # stream): a second request on a connection is read and dropped unanswered.
+    hang_up_on_reused_connection: bool = False
 
 
 @dataclass
@@ -104,6 +112,17 @@ class FakeUpstream:
         default_factory=lambda: Script(load_capture("llamacpp-completions-sample.txt"))
     )
     requests: list[RecordedRequest] = field(default_factory=list)
+    # What GET /v1/models lists.
+    models: list[str] = field(default_factory=lambda: ["smollm2"])
+    # A JSON body with any of these top-level fields gets a 400, as a server that does not
+    # know them might answer (llama.cpp: logprobs with tools in a stream).
+    refuse_fields: tuple[str, ...] = ()
+    # The proxy's own health checks, kept apart from the traffic it relays.
+    health_checks: list[RecordedRequest] = field(default_factory=list)
+    health_code: int = 200
+    health_status: str = "ok"
+    server: Any = None  # the TestServer serving it, when a test needs to stop it
+    _seen_transports: set[int] = field(default_factory=set)
     # How each replayed stream ended: "complete", "dropped" (by script) or "aborted" (the
     # proxy hung up on us, as it must when its client leaves).
     outcomes: list[str] = field(default_factory=list)
@@ -118,20 +137,39 @@ class FakeUpstream:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(
-            RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
-        )
+        recorded = RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
+        if request.headers.get("User-Agent") == "codec-proxy-health-check":
+            self.health_checks.append(recorded)
+            return web.json_response({"status": self.health_status}, status=self.health_code)
+        self.requests.append(recorded)
         if request.path == "/health":
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":
-            return web.json_response(
-                {"object": "list", "data": [{"id": "smollm2", "object": "model"}]}
-            )
+            data = [{"id": name, "object": "model"} for name in self.models]
+            return web.json_response({"object": "list", "data": data})
+        if self.refuse_fields and body.startswith(b"{"):
+            refused = sorted(set(json.loads(body)) & set(self.refuse_fields))
+            if refused:
+                error = {"code": 400, "message": f"unsupported: {refused}", "type": "bad"}
+                return web.json_response({"error": error}, status=400)
         return await self._replay(request)
 
     async def _replay(self, request: web.Request) -> web.StreamResponse:
         script = self.script
         capture = script.capture
+        reused = id(request.transport) in self._seen_transports
+        self._seen_transports.add(id(request.transport))
+        if script.hang_up or (script.hang_up_on_reused_connection and reused):
+            assert request.transport is not None
+            request.transport.close()
+            self.outcomes.append("hung_up")
+            return web.Response()
+        if script.header_delay:
+            try:
+                await asyncio.sleep(script.header_delay)
+            except asyncio.CancelledError:
+                self.outcomes.append("aborted")
+                raise
         response = web.StreamResponse(status=capture.status, reason=capture.reason)
         for name, value in capture.headers:
             response.headers.add(name, value)
@@ -153,7 +191,7 @@ class FakeUpstream:
                     await response.write(script.inject)
                 if script.stall_after_events == index:
                     self.stalled_at.append(asyncio.get_running_loop().time())
-                    await asyncio.sleep(script.stall)
+                    await asyncio.sleep(script.stall_seconds)
                 for piece in _pieces(event, script.chunk_size):
                     await response.write(piece)
                     if script.delay:

@@ -18,7 +18,7 @@ def test_example_config_loads_and_flags_override_it() -> None:
         ["serve", "--config", str(REPO / "config" / "codec-proxy.example.toml"), "--port", "9999"]
     )
     settings = load_settings(args)
-    assert settings.upstream == "http://127.0.0.1:8000"
+    assert settings.upstream == ("http://127.0.0.1:8000",)
     assert settings.port == 9999
     assert settings.max_event_bytes == 1 << 20
 
@@ -27,13 +27,29 @@ def test_unknown_config_key_is_one_clear_line(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text('upstream = "http://x"\ntokenizer = "t"\nportt = 1\n')
     args = build_parser().parse_args(["serve", "--config", str(config)])
-    with pytest.raises(SystemExit, match=r"unknown config key.*portt"):
+    with pytest.raises(SystemExit, match=r"bad\.toml: unknown key 'portt'"):
         load_settings(args)
+
+
+def test_token_ids_flag_config_and_default(tmp_path: Path) -> None:
+    example = str(REPO / "config" / "codec-proxy.example.toml")
+    args = build_parser().parse_args(["serve", "--config", example])
+    assert load_settings(args).token_ids == "auto"
+    args = build_parser().parse_args(["serve", "--config", example, "--token-ids", "retokenize"])
+    assert load_settings(args).token_ids == "retokenize"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--token-ids", "sometimes"])
+    config = tmp_path / "bad.toml"
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\ntoken_ids = "sometimes"\n')
+    with pytest.raises(
+        SystemExit, match="'token_ids' must be one of 'auto', 'backend', 'retokenize'"
+    ):
+        load_settings(build_parser().parse_args(["serve", "--config", str(config)]))
 
 
 def test_missing_upstream_is_reported() -> None:
     args = build_parser().parse_args(["serve", "--tokenizer", "x.gguf"])
-    with pytest.raises(SystemExit, match="--upstream is required"):
+    with pytest.raises(SystemExit, match="'upstream' is required: pass --upstream"):
         load_settings(args)
 
 
@@ -58,3 +74,51 @@ def test_bad_tokenizer_fails_at_start_with_one_line(tmp_path: Path, runner: list
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert str(missing) in lines[0]
+
+
+def test_vocab_handshake_flags() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--upstream", "http://x", "--tokenizer", "t.gguf", "--map-id", "org/model",
+         "--drift-check", "off", "--drift-check-interval", "60"]
+    )  # fmt: skip
+    settings = load_settings(args)
+    assert (settings.map_id, settings.drift_check, settings.drift_check_interval) == (
+        "org/model",
+        False,
+        60.0,
+    )
+    defaults = load_settings(
+        build_parser().parse_args(["serve", "--upstream", "http://x", "--tokenizer", "t.gguf"])
+    )
+    assert (defaults.map_id, defaults.drift_check, defaults.drift_check_interval) == (
+        None,
+        True,
+        300.0,
+    )
+
+
+def test_drift_check_in_a_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\ndrift_check = "off"\n')
+    assert (
+        load_settings(build_parser().parse_args(["serve", "--config", str(config)])).drift_check
+        is False
+    )
+    config.write_text('upstream = "http://x"\ntokenizer = "t"\ndrift_check = "maybe"\n')
+    with pytest.raises(
+        SystemExit, match=r"'drift_check' must be true or false \(or on/off\), got 'maybe'"
+    ):
+        load_settings(build_parser().parse_args(["serve", "--config", str(config)]))
+
+
+def test_an_unpublishable_map_id_fails_at_start_with_one_line(smollm2_gguf: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:1",
+         "--tokenizer", str(smollm2_gguf), "--map-id", "Org/../Model"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "codec-proxy: map id 'Org/../Model' must be lowercase ASCII letters, digits "
+        "and . _ / - only"
+    ]

@@ -109,6 +109,11 @@ def test_other_tokenizers_skip_the_shipped_dictionaries() -> None:
         ("{}", "no 'dictionaries' list"),
         ('{"dictionaries": [1]}', "not an object"),
         ('{"dictionaries": [{"file": "a"}]}', "'format' must be a string"),
+        (
+            '{"dictionaries": [{"file": "a", "format": "msgpack", "sha256": "' + "0" * 64 + '",'
+            ' "tokenizer": "t", "size_bytes": 1, "trained_at": "2026-11-29"}]}',
+            "not an RFC 3339 date-time",
+        ),
     ],
 )
 def test_malformed_manifest(text: str, message: str) -> None:
@@ -120,14 +125,14 @@ def test_record_is_the_tokenizer_map_entry() -> None:
     data = (
         SHIPPED / parse_manifest(DEFAULT_DICTIONARIES_MANIFEST.read_text())[0].file
     ).read_bytes()
-    loaded = LoadedZstdDictionary.build("msgpack", data, trained_at="2026-01-01")
+    loaded = LoadedZstdDictionary.build("msgpack", data, trained_at="2026-01-01T00:00:00Z")
     digest = sha256_hex(data)
     assert loaded.record.to_json() == {
         "format": "msgpack",
         "url": f"/.well-known/codec/dicts/{digest}.zstd",
         "hash": f"sha256:{digest}",
         "size_bytes": len(data),
-        "trained_at": "2026-01-01",
+        "trained_at": "2026-01-01T00:00:00Z",
     }
     assert ZstdDictionaries([loaded]).records == (loaded.record,)
     with pytest.raises(DictionaryError, match="two zstd dictionaries"):

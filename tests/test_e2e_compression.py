@@ -31,7 +31,7 @@ PROMPT = "Once upon a time, in a land far away,"
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=llama_server, tokenizer=smollm2_vocabulary.loaded.source)
+    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -115,7 +118,12 @@ def mismatch_class(tokenizer: Tokenizer, ours: list[int], model: list[int], text
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=llama_server, tokenizer=smollm2_vocabulary.loaded.source)
+    # These tests measure the retokenizer; backend IDs are tests/test_e2e_token_ids.py's.
+    settings = Settings(
+        upstream=(llama_server,),
+        tokenizer=smollm2_vocabulary.loaded.source,
+        token_ids="retokenize",
+    )
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
@@ -215,8 +223,13 @@ def test_cli_serve_and_client(llama_server: str, smollm2_gguf: Path, tmp_path: P
     )  # fmt: skip
     try:
         assert serve.stdout is not None
-        banner = serve.stdout.readline()
+        # Log lines (the drift check at start) come before the banner on the merged output.
+        lines: list[str] = []
+        while len(lines) < 20 and not (lines and lines[-1].startswith("codec-proxy ")):
+            lines.append(serve.stdout.readline())
+        banner = lines[-1]
         assert f"http://127.0.0.1:{port}" in banner
+        assert any("probe strings tokenize identically" in line for line in lines)
         result = subprocess.run(
             [sys.executable, "-m", "proxy", "client", "--url", f"http://127.0.0.1:{port}",
              "--tokenizer", str(smollm2_gguf), "--max-tokens", "16", "The capital of France is"],
@@ -232,3 +245,33 @@ def test_cli_serve_and_client(llama_server: str, smollm2_gguf: Path, tmp_path: P
     assert "Paris" in text
     assert summary.startswith("[msgpack] 16 tokens")
     assert "as JSON-SSE" in summary
+
+
+def test_embedded_serves_and_ctrl_c_stops_both(smollm2_gguf: Path) -> None:
+    """`make run`'s command: a real llama.cpp server plus the proxy; SIGINT stops both."""
+    port, backend_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "embedded", "--port", str(port),
+         "--backend-port", str(backend_port), "--model-file", str(smollm2_gguf)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        banner = "".join(proc.stdout.readline() for _ in range(3))
+        assert f"http://127.0.0.1:{port}" in banner
+        body = json.dumps({"prompt": "Hello", "max_tokens": 4, "stream_format": "msgpack"})
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode())
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.headers["Content-Type"] == "application/x-msgpack"
+            assert resp.read().endswith(b"length")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    for stopped in (port, backend_port):
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", stopped)) != 0, f"port {stopped} still open"

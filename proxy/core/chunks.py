@@ -6,8 +6,8 @@ tests/fixtures/upstream/README.md): where sampled token IDs appear, `stop_reason
 `choices: []` usage chunk, and chat reasoning text.
 
 Only what the proxy uses is validated, and strictly: a field it reads with the wrong type is an
-`UpstreamProtocolError`. Everything else in a chunk (ids, timings, logprob values, tool-call
-deltas, ...) is ignored whatever its shape.
+`UpstreamProtocolError`. Everything else in a chunk (timings, logprob values, ...) is ignored
+whatever its shape.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.core.errors import UpstreamProtocolError
+from proxy.core.tool_calls import ToolCallDelta
 
 __all__ = [
     "ChunkDelta",
@@ -49,6 +50,7 @@ class ChunkDelta:
 
     `token_ids` are the sampled IDs when the upstream reports them (vLLM `return_token_ids`,
     llama.cpp `logprobs`), else None. `finish_reason` is the upstream's own value.
+    `tool_calls` are chat tool-call deltas (`choices[0].delta.tool_calls`), in stream order.
     """
 
     text: str
@@ -58,6 +60,7 @@ class ChunkDelta:
     stop_reason: str | int | None = None
     token_ids: tuple[int, ...] | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +83,17 @@ _STREAM_DONE = StreamDone()
 _UNDESCRIBED_FAILURE = "upstream reported an error without a message"
 
 
+ChoiceReader = Callable[[dict[str, Any]], tuple[str, tuple[ToolCallDelta, ...]]]
+
+
 def parse_completion_chunk(data: str) -> ChunkResult:
     """Parse one `/v1/completions` stream event: the delta is `choices[0].text`."""
-    return _parse_chunk(data, _completion_text)
+    return _parse_chunk(data, _completion_delta)
 
 
 def parse_chat_chunk(data: str) -> ChunkResult:
     """Parse one `/v1/chat/completions` stream event: the delta is `choices[0].delta`."""
-    return _parse_chunk(data, _chat_text)
+    return _parse_chunk(data, _chat_delta)
 
 
 def _loads(data: str) -> Any:
@@ -100,7 +106,7 @@ def _loads(data: str) -> Any:
         return json.loads(data)
 
 
-def _parse_chunk(data: str, text_of: Callable[[dict[str, Any]], str]) -> ChunkResult:
+def _parse_chunk(data: str, read_choice: ChoiceReader) -> ChunkResult:
     if data == _DONE_SENTINEL:
         return _STREAM_DONE
     try:
@@ -131,20 +137,26 @@ def _parse_chunk(data: str, text_of: Callable[[dict[str, Any]], str]) -> ChunkRe
     stop_reason = choice.get("stop_reason")
     if stop_reason is not None and type(stop_reason) not in (str, int):
         raise _protocol_error("`stop_reason` is neither a string, an integer nor null")
-    return ChunkDelta(text_of(choice), finish_reason, stop_reason, _token_ids(choice), usage)
+    text, tool_calls = read_choice(choice)
+    return ChunkDelta(
+        text, finish_reason, stop_reason, _token_ids(choice), usage, tool_calls=tool_calls
+    )
 
 
-def _completion_text(choice: dict[str, Any]) -> str:
+_NO_TOOL_CALLS: tuple[ToolCallDelta, ...] = ()
+
+
+def _completion_delta(choice: dict[str, Any]) -> tuple[str, tuple[ToolCallDelta, ...]]:
     text = choice.get("text")
     if type(text) is not str:
         raise _protocol_error("`choices[0].text` is not a string")
-    return text
+    return text, _NO_TOOL_CALLS
 
 
-def _chat_text(choice: dict[str, Any]) -> str:
+def _chat_delta(choice: dict[str, Any]) -> tuple[str, tuple[ToolCallDelta, ...]]:
     delta = choice.get("delta")
     if delta is None:
-        return ""
+        return "", _NO_TOOL_CALLS
     if type(delta) is not dict:
         raise _protocol_error("`choices[0].delta` is not an object")
     # Role-only first deltas carry `content: null`; finish deltas are `{}`.
@@ -153,7 +165,35 @@ def _chat_text(choice: dict[str, Any]) -> str:
     # `reasoning` in newer vLLM, which may send both with the same text: read only one. Those
     # tokens were generated before the answer tokens of the same chunk.
     reasoning = _optional_text(delta, "reasoning_content") or _optional_text(delta, "reasoning")
-    return reasoning + content if reasoning else content
+    text = reasoning + content if reasoning else content
+    calls = delta.get("tool_calls")
+    if calls is None:
+        return text, _NO_TOOL_CALLS
+    if type(calls) is not list:
+        raise _protocol_error("`delta.tool_calls` is neither a list nor null")
+    return text, tuple(_tool_call_delta(call) for call in calls)
+
+
+def _tool_call_delta(call: Any) -> ToolCallDelta:
+    # OpenAI's streaming shape: {"index", "id"?, "type"?, "function": {"name"?, "arguments"?}}.
+    if type(call) is not dict:
+        raise _protocol_error("a `delta.tool_calls` entry is not an object")
+    # `index` is required by OpenAI; a server that omits it streams a single call.
+    index = call.get("index", 0)
+    if type(index) is not int or index < 0:
+        raise _protocol_error("`tool_calls[].index` is not a non-negative integer")
+    call_id = call.get("id")
+    if call_id is not None and type(call_id) is not str:
+        raise _protocol_error("`tool_calls[].id` is neither a string nor null")
+    function = call.get("function")
+    if function is None:
+        return ToolCallDelta(index, call_id)
+    if type(function) is not dict:
+        raise _protocol_error("`tool_calls[].function` is not an object")
+    name = function.get("name")
+    if name is not None and type(name) is not str:
+        raise _protocol_error("`tool_calls[].function.name` is neither a string nor null")
+    return ToolCallDelta(index, call_id, name, _optional_text(function, "arguments"))
 
 
 def _optional_text(delta: dict[str, Any], key: str) -> str:
@@ -161,7 +201,7 @@ def _optional_text(delta: dict[str, Any], key: str) -> str:
     if value is None:
         return ""
     if type(value) is not str:
-        raise _protocol_error(f"`delta.{key}` is neither a string nor null")
+        raise _protocol_error(f"`{key}` is neither a string nor null")
     return value
 
 

@@ -14,16 +14,18 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import zstandard
 
 from proxy.core.errors import ProxyError
+from proxy.core.tokenizer_map import DictionaryFormat, ZstdDictionary
 
 WIRE_FORMATS: Final = ("msgpack", "protobuf")
 DICTS_PATH: Final = "/.well-known/codec/dicts/"
 DEFAULT_ZSTD_LEVEL: Final = 3
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
+_RFC3339: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
 
 
 class DictionaryError(ProxyError):
@@ -44,35 +46,10 @@ def is_sha256_hex(value: str) -> bool:
 
 
 @dataclass(frozen=True)
-class ZstdDictionaryRecord:
-    """One `zstd_dictionaries[]` entry of the tokenizer map, exactly its fields (TM schema v2)."""
-
-    format: str
-    url: str
-    hash: str  # "sha256:<64 lowercase hex>"
-    size_bytes: int
-    trained_at: str | None = None
-    corpus_summary: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "format": self.format,
-            "url": self.url,
-            "hash": self.hash,
-            "size_bytes": self.size_bytes,
-        }
-        if self.trained_at is not None:
-            entry["trained_at"] = self.trained_at
-        if self.corpus_summary is not None:
-            entry["corpus_summary"] = self.corpus_summary
-        return entry
-
-
-@dataclass(frozen=True)
 class LoadedZstdDictionary:
     """A dictionary ready to compress with: its record, raw bytes, and the prepared zstd form."""
 
-    record: ZstdDictionaryRecord
+    record: ZstdDictionary
     data: bytes = field(repr=False)
     zstd_dict: zstandard.ZstdCompressionDict = field(repr=False, compare=False)
     level: int = DEFAULT_ZSTD_LEVEL
@@ -94,8 +71,8 @@ class LoadedZstdDictionary:
         if fmt not in WIRE_FORMATS:
             raise DictionaryError(f"dictionary format {fmt!r} is not one of {WIRE_FORMATS}")
         digest = sha256_hex(data)
-        record = ZstdDictionaryRecord(
-            format=fmt,
+        record = ZstdDictionary(
+            format=cast(DictionaryFormat, fmt),
             url=dictionary_url(digest),
             hash=f"sha256:{digest}",
             size_bytes=len(data),
@@ -135,7 +112,7 @@ class ZstdDictionaries:
         return self._by_hex.get(hex_digest)
 
     @property
-    def records(self) -> tuple[ZstdDictionaryRecord, ...]:
+    def records(self) -> tuple[ZstdDictionary, ...]:
         """For the tokenizer map's `zstd_dictionaries[]`, in format order."""
         return tuple(self._by_format[f].record for f in WIRE_FORMATS if f in self._by_format)
 
@@ -210,6 +187,10 @@ def _manifest_entry(raw: dict[str, Any], where: str) -> ManifestEntry:
     for key, value in optional.items():
         if value is not None and not isinstance(value, str):
             raise DictionaryError(f"{where}: '{key}' must be a string")
+    trained_at = optional["trained_at"]
+    if trained_at is not None and not _RFC3339.fullmatch(trained_at):
+        # The tokenizer map schema types it as an RFC 3339 date-time (TM schema v2).
+        raise DictionaryError(f"{where}: 'trained_at' {trained_at!r} is not an RFC 3339 date-time")
     return ManifestEntry(
         file=raw["file"],
         format=raw["format"],

@@ -67,3 +67,41 @@ class UpstreamTimeout(ProxyError):
 
     status_hint = 504
     error_type = "upstream_timeout"
+
+
+class ConfigError(ProxyError):
+    """The proxy's own configuration is unusable; refused at start-up, never mid-request."""
+
+    error_type = "config_error"
+
+
+class UpgradeRequired(ProxyError):
+    """The client's Codec version is below what this deployment enforces (426).
+
+    Carries the complete response (codec-spec.md §6, "426 response"), built by
+    `proxy.core.upgrade`, because clients parse its exact body and headers.
+    """
+
+    status_hint = 426
+    error_type = "codec_version_required"
+
+    def __init__(self, message: str, *, headers: tuple[tuple[str, str], ...], body: bytes) -> None:
+        super().__init__(message, code="codec_version_required")
+        self.headers = headers
+        self.body = body
+
+
+class ServiceUnavailable(ProxyError):
+    """The proxy refuses this kind of request for now, e.g. Codec mode while its tokenizer
+    does not match the backend's (503). `code` names the condition."""
+
+    status_hint = 503
+    error_type = "service_unavailable"
+
+
+class TokenizerMapError(ProxyError):
+    """A tokenizer map cannot be generated, parsed or published as asked (500).
+
+    Raised at start-up (a configuration problem) and by `codec-proxy map`; the message is one
+    line that names the problem.
+    """

@@ -12,6 +12,10 @@ EOS_TOKEN = "eos_token"
 STOP_SEQUENCE = "stop_sequence"
 ERROR = "error"
 POLICY_VIOLATION = "policy_violation"
+# Not in the spec's list: the Codec website's word for a turn that ended in tool calls
+# (codec-spec.md §2, "Values seen elsewhere"). Sent only on streams whose frames carried
+# `tool_calls` (proxy/core/transcode.py); a client that does not know it treats it as error.
+TOOL_CALL = "tool_call"
 
 
 def codec_finish_reason(finish_reason: str, stop_reason: str | int | None = None) -> str:
@@ -32,6 +36,7 @@ def codec_finish_reason(finish_reason: str, stop_reason: str | int | None = None
         case "content_filter":
             return POLICY_VIOLATION
         case "tool_calls" | "function_call":
+            # Without calls on the frames (none could be parsed) the turn simply ended.
             return EOS_TOKEN
         case _:
             return ERROR

@@ -7,9 +7,16 @@ Wire formats (codec-spec.md §1, interop.md §0 and §2.1):
   `codecai` rejects a prefixed stream ("invalid frame shape").
 - `protobuf`: per frame, a 4-byte big-endian length, then that many bytes of `CodecFrame`
   (proxy/codec.proto) with `ids` packed.
+- `msgpack-delta` (spec v0.5, opt-in; codec-spec.md §1.5): the same concatenated maps, but
+  `{"base_id", "ids_delta", "done", "finish_reason"?}` with zigzag deltas chained from the last
+  id of the previous frame (proxy/core/delta.py). `protobuf-delta` is underspecified upstream
+  (no field number for `ids_delta`, two for `base_id`, §11 item 8): it is answered as plain
+  `protobuf`.
 - The Codec website's framing, `uint32be(len) || msgpack map` as `application/codec+msgpack`,
   is not in any spec (codec-spec.md §11 items 1-2); it is produced only for clients that
   name that media type.
+- Frames may carry `tool_calls` (codec-spec.md §2.5; proxy/core/tool_calls.py): msgpack key
+  `tool_calls` after `finish_reason`, protobuf field 4, only when the frame has calls.
 
 Frame `ids` are uint32 token IDs by contract (the upstream chunk parser and the tokenizer
 guarantee it); encoders sit on the per-token hot path and do not re-check them.
@@ -24,15 +31,23 @@ from typing import Any, Final, Literal, Protocol
 
 import msgpack
 
-from proxy.core import codec_pb2
+from proxy.core import codec_pb2, delta, protowire
 from proxy.core.errors import BadRequest
+from proxy.core.tool_calls import (
+    ToolCall,
+    tool_call_from_map,
+    tool_call_from_protobuf,
+    tool_call_map,
+)
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "SUPPORTED_FORMATS",
     "Frame",
     "FrameDecodeError",
     "FrameDecoder",
     "FrameEncoder",
+    "MsgpackDeltaFrameEncoder",
     "MsgpackFrameEncoder",
     "PrefixedMsgpackFrameEncoder",
     "ProtobufFrameEncoder",
@@ -43,17 +58,21 @@ __all__ = [
 # A real frame holds a few token IDs; this bounds what a peer can make us buffer.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
-_MAX_UINT32 = 0xFFFFFFFF
+_MAX_UINT32 = protowire.MAX_UINT32
 _LENGTH_PREFIX = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One Codec frame. `ids` may be empty only on the terminal frame (codec-spec.md §2)."""
+    """One Codec frame. `ids` may be empty only on the terminal frame (codec-spec.md §2).
+
+    `tool_calls` holds the calls completed since the previous frame (codec-spec.md §2.5).
+    """
 
     ids: tuple[int, ...]
     done: bool = False
     finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class FrameDecodeError(BadRequest):
@@ -90,12 +109,52 @@ class MsgpackFrameEncoder:
         self._pack: Callable[[object], bytes] = msgpack.Packer().pack
 
     def encode(self, frame: Frame) -> bytes:
-        # interop.md §0.3: key order ids, done, then finish_reason only when not null.
+        # interop.md §0.3: key order ids, done, then finish_reason only when not null, then
+        # tool_calls only when non-empty.
+        if frame.tool_calls:
+            return self._pack(_with_optional_keys({"ids": frame.ids, "done": frame.done}, frame))
         if frame.finish_reason is None:
             return self._pack({"ids": frame.ids, "done": frame.done})
         return self._pack(
             {"ids": frame.ids, "done": frame.done, "finish_reason": frame.finish_reason}
         )
+
+
+def _with_optional_keys(value: dict[str, object], frame: Frame) -> dict[str, object]:
+    if frame.finish_reason is not None:
+        value["finish_reason"] = frame.finish_reason
+    if frame.tool_calls:
+        value["tool_calls"] = [tool_call_map(call) for call in frame.tool_calls]
+    return value
+
+
+class MsgpackDeltaFrameEncoder:
+    """`msgpack-delta` (codec-spec.md §1.5): one instance per response, it remembers the last ID.
+
+    Every frame carries its own `base_id` (the last ID of the previous frame, 0 at first), so
+    each frame decodes on its own; the state is only needed to write them.
+    """
+
+    __slots__ = ("_base", "_pack")
+
+    content_type: Final = "application/x-msgpack"
+    stream_format: Final = "msgpack-delta"
+
+    def __init__(self) -> None:
+        self._pack: Callable[[object], bytes] = msgpack.Packer().pack
+        self._base = 0
+
+    def encode(self, frame: Frame) -> bytes:
+        # Key order as the reference `stream_delta.py` struct: base_id, ids_delta, done, then
+        # finish_reason (only when set; the spec marks it optional) and tool_calls.
+        value: dict[str, object] = {
+            "base_id": self._base,
+            "ids_delta": delta.encode_deltas(frame.ids, self._base),
+            "done": frame.done,
+        }
+        if frame.ids:
+            self._base = frame.ids[-1]
+        return self._pack(_with_optional_keys(value, frame))
 
 
 class PrefixedMsgpackFrameEncoder:
@@ -133,7 +192,7 @@ class ProtobufFrameEncoder:
     stream_format: Final = "protobuf"
 
     def encode(self, frame: Frame) -> bytes:
-        if len(frame.ids) > 1:
+        if len(frame.ids) > 1 or frame.tool_calls:
             payload = _protobuf_payload_generated(frame)
         else:
             payload = _protobuf_payload_by_hand(frame)
@@ -144,6 +203,13 @@ def _protobuf_payload_generated(frame: Frame) -> bytes:
     message = codec_pb2.CodecFrame(ids=frame.ids, done=frame.done)
     if frame.finish_reason is not None:
         message.finish_reason = frame.finish_reason
+    for call in frame.tool_calls:
+        # `name` and `id` are `optional`: set only when present, so absent stays absent.
+        entry = message.tool_calls.add(arguments_json=call.arguments_json)
+        if call.name is not None:
+            entry.name = call.name
+        if call.id is not None:
+            entry.id = call.id
     payload: bytes = message.SerializeToString()
     return payload
 
@@ -152,7 +218,8 @@ def _protobuf_payload_generated(frame: Frame) -> bytes:
 _IDS_KEY: Final = b"\x0a"  # 1, length-delimited
 _DONE_TRUE: Final = b"\x10\x01"  # 2, varint
 _FINISH_REASON_KEY: Final = b"\x1a"  # 3, length-delimited
-_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
+_TOOL_CALL_KEY: Final = 0x22  # 4, length-delimited
+_varint = protowire.varint
 
 
 def _protobuf_payload_by_hand(frame: Frame) -> bytes:
@@ -171,19 +238,6 @@ def _protobuf_payload_by_hand(frame: Frame) -> bytes:
     return payload
 
 
-def _varint(value: int) -> bytes:
-    if value < 0x80:
-        return _ONE_BYTE[value]
-    if value < 0x4000:
-        return bytes((value & 0x7F | 0x80, value >> 7))
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _MSGPACK_ENCODER: Final = MsgpackFrameEncoder()
 _ENCODERS: Final[dict[str, FrameEncoder]] = {
     "msgpack": _MSGPACK_ENCODER,
@@ -192,18 +246,28 @@ _ENCODERS: Final[dict[str, FrameEncoder]] = {
 _PREFIXED_MSGPACK_ENCODER: Final = PrefixedMsgpackFrameEncoder()
 
 
-def encoder_for(stream_format: str, *, prefixed_msgpack: bool = False) -> FrameEncoder:
-    """The encoder for a request's `stream_format` ("msgpack" or "protobuf").
+# codec-spec.md §1.5: `protobuf-delta` has no defined wire layout; the spec lets a server
+# answer a delta request with the standard variant, which we say in `Codec-Stream-Format`.
+_DELTA_FALLBACKS: Final = {"protobuf-delta": "protobuf"}
+SUPPORTED_FORMATS: Final = ("msgpack", "msgpack-delta", "protobuf", "protobuf-delta")
 
-    `prefixed_msgpack` selects the website framing for msgpack; it does not apply to protobuf,
-    which is always prefixed. An unknown format is the client's error (codec-spec.md §12 item
-    11: 400 listing the supported values).
+
+def encoder_for(stream_format: str, *, prefixed_msgpack: bool = False) -> FrameEncoder:
+    """The encoder for a request's `stream_format`; a new one per response for delta formats.
+
+    `prefixed_msgpack` selects the website framing for plain msgpack; it does not apply to
+    protobuf, which is always prefixed, nor to msgpack-delta, which the website never framed.
+    The encoder's `stream_format` is what is actually sent (`protobuf` for `protobuf-delta`).
+    An unknown format is the client's error (codec-spec.md §12 item 11: 400 listing the
+    supported values).
     """
     if prefixed_msgpack and stream_format == "msgpack":
         return _PREFIXED_MSGPACK_ENCODER
-    encoder = _ENCODERS.get(stream_format)
+    if stream_format == "msgpack-delta":
+        return MsgpackDeltaFrameEncoder()
+    encoder = _ENCODERS.get(_DELTA_FALLBACKS.get(stream_format, stream_format))
     if encoder is None:
-        supported = ", ".join(sorted(_ENCODERS))
+        supported = ", ".join(SUPPORTED_FORMATS)
         raise BadRequest(
             f"unsupported stream_format {stream_format!r}; supported: {supported}",
             code="unsupported_stream_format",
@@ -221,8 +285,8 @@ class FrameDecoder:
     (website framing; a map header is never 0x00), a map header starts concatenated maps.
     The decoder is strict where the spec is: `done` is required and boolean, ids are uint32,
     protobuf varints for uint32 fields are at most 5 bytes, and nothing may follow the terminal
-    frame (I-D: bytes after it are a protocol error). Unknown msgpack keys and unknown protobuf
-    fields (e.g. `tool_calls`) are skipped.
+    frame (I-D: bytes after it are a protocol error). `tool_calls` are decoded; other unknown
+    msgpack keys and protobuf fields are skipped.
     """
 
     __slots__ = (
@@ -238,12 +302,16 @@ class FrameDecoder:
 
     def __init__(
         self,
-        stream_format: Literal["msgpack", "protobuf"],
+        stream_format: Literal["msgpack", "msgpack-delta", "protobuf"],
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
-        if stream_format == "msgpack":
+        if stream_format in ("msgpack", "msgpack-delta"):
             self._framing: _Framing | None = None  # decided by the first byte
-            self._decode_payload: Callable[[bytes], Frame] = _decode_msgpack_payload
+            self._decode_payload: Callable[[bytes], Frame] = (
+                _decode_msgpack_payload
+                if stream_format == "msgpack"
+                else _decode_msgpack_delta_payload
+            )
         elif stream_format == "protobuf":
             self._framing = "length-prefixed"
             self._decode_payload = _decode_protobuf_payload
@@ -444,118 +512,93 @@ def _scan_msgpack(
     return pos, values_left
 
 
-def _decode_msgpack_payload(payload: bytes) -> Frame:
+def _unpack_map(payload: bytes) -> Any:
     try:
         # strict_map_key: only str/bytes keys, never an unhashable container.
         value = msgpack.unpackb(payload, raw=False, strict_map_key=True)
     except ValueError as exc:  # also UnicodeDecodeError and msgpack's ExtraData/FormatError
         raise _error(f"invalid msgpack frame: {str(exc) or type(exc).__name__}") from exc
-    return _frame_from_map(value)
-
-
-def _frame_from_map(value: Any) -> Frame:
-    # codec-spec.md §1.1 and interop.md §0.3: `ids` and `done` required, `done` a real bool,
-    # `finish_reason` str or nil, unknown keys ignored.
     if type(value) is not dict:
         raise _error(f"msgpack frame is a {type(value).__name__}, not a map")
+    return value
+
+
+def _decode_msgpack_payload(payload: bytes) -> Frame:
+    # codec-spec.md §1.1 and interop.md §0.3: `ids` and `done` required, `done` a real bool,
+    # `finish_reason` str or nil, unknown keys ignored.
+    value = _unpack_map(payload)
     ids = value.get("ids")
     if type(ids) is not list:
         raise _error("msgpack frame has no `ids` array")
-    for token_id in ids:
-        if type(token_id) is not int or not 0 <= token_id <= _MAX_UINT32:
-            raise _error(f"msgpack frame id {token_id!r} is not a uint32")
+    return _frame_from_map(value, _checked_ids(ids, "id"))
+
+
+def _decode_msgpack_delta_payload(payload: bytes) -> Frame:
+    # codec-spec.md §1.5: `{base_id, ids_delta, done, finish_reason?}`; each frame carries its
+    # own base, so a frame decodes without the ones before it.
+    value = _unpack_map(payload)
+    base_id = value.get("base_id")
+    deltas = value.get("ids_delta")
+    if type(base_id) is not int or not 0 <= base_id <= _MAX_UINT32:
+        raise _error("msgpack-delta frame has no uint32 `base_id`")
+    if type(deltas) is not list:
+        raise _error("msgpack-delta frame has no `ids_delta` array")
+    ids = delta.decode_deltas(_checked_ids(deltas, "delta", limit=2 * _MAX_UINT32 + 1), base_id)
+    return _frame_from_map(value, _checked_ids(ids, "id"))
+
+
+def _checked_ids(values: list[Any], what: str, limit: int = _MAX_UINT32) -> list[int]:
+    for value in values:
+        if type(value) is not int or not 0 <= value <= limit:
+            raise _error(f"msgpack frame {what} {value!r} is out of range")
+    return values
+
+
+def _frame_from_map(value: dict[str, Any], ids: list[int]) -> Frame:
     done = value.get("done")
     if type(done) is not bool:
         raise _error("msgpack frame `done` is missing or not a bool")
     finish_reason = value.get("finish_reason")
     if finish_reason is not None and type(finish_reason) is not str:
         raise _error("msgpack frame `finish_reason` is neither a str nor nil")
-    return Frame(tuple(ids), done, finish_reason)
+    calls = value.get("tool_calls")
+    if calls is None:
+        return Frame(tuple(ids), done, finish_reason)
+    if type(calls) is not list:
+        raise _error("msgpack frame `tool_calls` is not an array")
+    return Frame(
+        tuple(ids), done, finish_reason, tuple(tool_call_from_map(c, _error) for c in calls)
+    )
 
 
 # --- protobuf -----------------------------------------------------------------------------
 
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-# I-D § Security: a uint32 varint longer than 5 bytes MUST be rejected. Tags and lengths are
-# 32-bit too; only unknown varint fields and the bool may use the full 10 bytes of a 64-bit one.
-_UINT32_VARINT_BYTES = 5
-_UINT64_VARINT_BYTES = 10
-
 
 def _decode_protobuf_payload(payload: bytes) -> Frame:
+    reader = protowire.WireReader(payload, _error, "bad_frame")
     ids: list[int] = []
     done = False
     finish_reason: str | None = None
-    pos = 0
-    end = len(payload)
-    while pos < end:
-        key, pos = _read_varint(payload, pos, end, _UINT32_VARINT_BYTES)
-        field, wire_type = key >> 3, key & 0x07
-        if field == 0:
-            raise _error("protobuf field number 0")
-        if field == 1 and wire_type == _LEN:  # ids, packed (codec-spec.md §1.2)
-            length, pos = _read_varint(payload, pos, end, _UINT32_VARINT_BYTES)
-            packed_end = _field_end(pos, length, end)
-            while pos < packed_end:
-                token_id, pos = _read_varint(payload, pos, packed_end, _UINT32_VARINT_BYTES)
-                ids.append(_checked_uint32(token_id))
-        elif field == 1 and wire_type == _VARINT:
+    calls: list[ToolCall] = []
+    while not reader.at_end:
+        field, wire_type = reader.key()
+        if field == 1 and wire_type == protowire.LEN:  # ids, packed (codec-spec.md §1.2)
+            packed_end = reader.length_delimited_end()
+            while reader.pos < packed_end:
+                ids.append(reader.uint32(packed_end))
+        elif field == 1 and wire_type == protowire.VARINT:
             # Unpacked ids: valid proto3 input that the reference decoders silently drop.
-            token_id, pos = _read_varint(payload, pos, end, _UINT32_VARINT_BYTES)
-            ids.append(_checked_uint32(token_id))
-        elif field == 2 and wire_type == _VARINT:
-            flag, pos = _read_varint(payload, pos, end, _UINT64_VARINT_BYTES)
-            done = flag != 0
-        elif field == 3 and wire_type == _LEN:
-            length, pos = _read_varint(payload, pos, end, _UINT32_VARINT_BYTES)
-            text_end = _field_end(pos, length, end)
-            try:
-                finish_reason = payload[pos:text_end].decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _error("protobuf finish_reason is not UTF-8") from exc
-            pos = text_end
-        elif field <= 3:
+            ids.append(reader.uint32())
+        elif field == 2 and wire_type == protowire.VARINT:
+            done = reader.varint(protowire.UINT64_VARINT_BYTES) != 0
+        elif field == 3 and wire_type == protowire.LEN:
+            finish_reason = reader.text("finish_reason")
+        elif field == 4 and wire_type == protowire.LEN:  # tool_calls (codec-spec.md §2.5)
+            calls.append(
+                tool_call_from_protobuf(reader.take(reader.length_delimited_end()), _error)
+            )
+        elif field <= 4:
             raise _error(f"protobuf field {field} has wire type {wire_type}")
         else:
-            pos = _skip_field(payload, pos, end, wire_type)
-    return Frame(tuple(ids), done, finish_reason)
-
-
-def _read_varint(data: bytes, pos: int, end: int, max_bytes: int) -> tuple[int, int]:
-    value = 0
-    shift = 0
-    for index in range(pos, min(pos + max_bytes, end)):
-        byte = data[index]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, index + 1
-        shift += 7
-    if pos + max_bytes <= end:
-        raise _error(f"protobuf varint longer than {max_bytes} bytes", "varint_too_long")
-    raise _error("protobuf varint truncated", "truncated")
-
-
-def _checked_uint32(value: int) -> int:
-    if value > _MAX_UINT32:
-        raise _error(f"protobuf id {value} exceeds uint32")
-    return value
-
-
-def _field_end(pos: int, length: int, end: int) -> int:
-    if pos + length > end:
-        raise _error("protobuf length-delimited field runs past the frame", "truncated")
-    return pos + length
-
-
-def _skip_field(data: bytes, pos: int, end: int, wire_type: int) -> int:
-    if wire_type == _VARINT:
-        return _read_varint(data, pos, end, _UINT64_VARINT_BYTES)[1]
-    if wire_type == _I64:
-        return _field_end(pos, 8, end)
-    if wire_type == _LEN:
-        length, pos = _read_varint(data, pos, end, _UINT32_VARINT_BYTES)
-        return _field_end(pos, length, end)
-    if wire_type == _I32:
-        return _field_end(pos, 4, end)
-    # Groups (3, 4) are not proto3; 6 and 7 are undefined.
-    raise _error(f"protobuf wire type {wire_type} is not supported")
+            reader.skip(wire_type)
+    return Frame(tuple(ids), done, finish_reason, tuple(calls))

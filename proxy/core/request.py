@@ -1,6 +1,6 @@
-"""Validate an OpenAI completion request and decide whether it asks for Codec.
+"""Validate an OpenAI completion or chat request and decide whether it asks for Codec.
 
-Everything is checked before the upstream is contacted (codec-spec.md §12 items 10–13): a
+Everything is checked before the upstream is contacted (codec-spec.md §12 items 10–13, 37): a
 request the proxy cannot serve as Codec gets a 400 that says why, never a half-written stream.
 JSON requests are only checked as far as routing needs; the backend validates the rest.
 """
@@ -12,32 +12,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.errors import BadRequest
+from proxy.core.upstream_body import Endpoint, UpstreamRequest
 
 JSON_FORMAT = "json"
-BINARY_FORMATS = ("msgpack", "protobuf")
+# msgpack-delta / protobuf-delta: spec v0.5, opt-in (codec-spec.md §1.5).
+BINARY_FORMATS = ("msgpack", "msgpack-delta", "protobuf", "protobuf-delta")
 STREAM_FORMATS = (JSON_FORMAT, *BINARY_FORMATS)
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionRequest:
-    """A parsed request body and the stream format it asked for."""
+    """A parsed request body, the endpoint it came to, and the stream format it asked for."""
 
     body: dict[str, Any]
     stream_format: str
+    endpoint: Endpoint = "completions"
 
     @property
     def is_codec(self) -> bool:
         return self.stream_format != JSON_FORMAT
 
-    def upstream_body(self) -> bytes:
-        """The body sent to a plain OpenAI backend for a Codec request.
-
-        Binary formats are always streamed (codec-spec.md §2, "binary implies streaming"), and
-        `stream_format` is ours: the backend never sees it.
-        """
-        body = {k: v for k, v in self.body.items() if k != "stream_format"}
-        body["stream"] = True
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    def upstream(self) -> UpstreamRequest:
+        """What a plain OpenAI backend is asked for a Codec request: `stream_format` is ours,
+        the backend never sees it (the model and token-ID fields are decided later)."""
+        fields = {k: v for k, v in self.body.items() if k != "stream_format"}
+        return UpstreamRequest(self.endpoint, fields)
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -56,7 +55,31 @@ def parse_completion_request(raw: bytes, *, vocab_size: int) -> CompletionReques
     stream_format = stream_format_of(body)
     request = CompletionRequest(body, stream_format)
     if request.is_codec:
-        _check_codec_completion(body, vocab_size)
+        _check_sampling(body, stream_format)
+        _optional(body, "best_of", int, must_be_one=stream_format)
+        if _optional(body, "echo", bool):
+            raise BadRequest(
+                f"echo is not supported with stream_format={stream_format!r}", code="unsupported"
+            )
+        check_prompt(body.get("prompt"), vocab_size, stream_format)
+    return request
+
+
+def parse_chat_request(raw: bytes) -> CompletionRequest:
+    """Parse a `/v1/chat/completions` body (codec-spec.md §3.2: an engine extension).
+
+    The chat template stays on the backend: `messages` go up unchanged, only the generated
+    tokens come back, so roles never reach the wire.
+    """
+    body = parse_json_object(raw)
+    stream_format = stream_format_of(body)
+    request = CompletionRequest(body, stream_format, "chat")
+    if request.is_codec:
+        _check_sampling(body, stream_format)
+        _optional(body, "max_completion_tokens", int)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", code="invalid_type")
     return request
 
 
@@ -75,28 +98,18 @@ def stream_format_of(body: dict[str, Any]) -> str:
     return value
 
 
-def _check_codec_completion(body: dict[str, Any], vocab_size: int) -> None:
-    fmt = body["stream_format"]
+def _check_sampling(body: dict[str, Any], fmt: str) -> None:
     # A Codec frame carries no choice index, so several choices cannot be told apart
     # (codec-spec.md §2: servers MUST reject n > 1; batches are the same problem, §11.24).
-    for field in ("n", "best_of"):
-        value = _optional(body, field, int)
-        if value is not None and value != 1:
-            raise BadRequest(
-                f"stream_format={fmt!r} requires {field}=1: a Codec frame has no choice index",
-                code="unsupported_n",
-            )
+    _optional(body, "n", int, must_be_one=fmt)
     _optional(body, "max_tokens", int)
     _optional(body, "temperature", (int, float))
     _optional(body, "stream", bool)
-    if _optional(body, "echo", bool):
-        raise BadRequest(f"echo is not supported with stream_format={fmt!r}", code="unsupported")
     stop = body.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
         raise BadRequest("stop must be a string or a list of strings", code="invalid_type")
-    check_prompt(body.get("prompt"), vocab_size, fmt)
 
 
 def check_prompt(prompt: Any, vocab_size: int, fmt: str) -> None:
@@ -129,7 +142,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _optional(body: dict[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
+def _optional(
+    body: dict[str, Any],
+    field: str,
+    kind: type | tuple[type, ...],
+    *,
+    must_be_one: str | None = None,
+) -> Any:
     value = body.get(field)
     if value is None:
         return None
@@ -137,4 +156,9 @@ def _optional(body: dict[str, Any], field: str, kind: type | tuple[type, ...]) -
     if wrong_bool or not isinstance(value, kind):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise BadRequest(f"{field} must be of type {names}", code="invalid_type")
+    if must_be_one is not None and value != 1:
+        raise BadRequest(
+            f"stream_format={must_be_one!r} requires {field}=1: a Codec frame has no choice index",
+            code="unsupported_n",
+        )
     return value

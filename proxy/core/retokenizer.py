@@ -155,10 +155,12 @@ class Retokenizer:
 
     __slots__ = ("_at_start", "_next_attempt", "_scheme", "_window")
 
-    def __init__(self, scheme: RetokenizerScheme) -> None:
+    def __init__(self, scheme: RetokenizerScheme, *, at_start: bool = True) -> None:
+        # `at_start=False` continues a text that other means have tokenized so far (a span of
+        # backend IDs before it): no start-of-text prefix space (see _without_prefix_space).
         self._scheme = scheme
         self._window = ""
-        self._at_start = True
+        self._at_start = at_start
         self._next_attempt = 0
 
     @property

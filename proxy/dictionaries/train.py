@@ -155,7 +155,11 @@ def run_train(args: argparse.Namespace) -> int:
         sha256=sha256_hex(data),
         size_bytes=len(data),
         tokenizer=args.tokenizer.name,
-        trained_at=datetime.datetime.now(datetime.UTC).date().isoformat(),
+        # RFC 3339 date-time, as the map schema's `trained_at` requires.
+        trained_at=datetime.datetime.now(datetime.UTC)
+        .replace(microsecond=0)
+        .isoformat()
+        .replace("+00:00", "Z"),
         corpus_summary=args.corpus_summary or f"{len(documents)} documents from {args.corpus}",
         extra={
             "vocabulary_sha256": vocabulary_sha256(loaded.tokenizer.get_vocab(True)),

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-
 from proxy.core.compressors import StreamCompressor
 from proxy.core.flush import FlushConfig, FlushPolicy, merge_frames
 from proxy.core.frames import Frame, FrameEncoder
+from proxy.server.client_writer import ClientWriter
 
 
 class CompressingFrameSink:
@@ -27,12 +26,12 @@ class CompressingFrameSink:
 
     def __init__(
         self,
-        response: web.StreamResponse,
+        writer: ClientWriter,
         encoder: FrameEncoder,
         compressor: StreamCompressor,
         config: FlushConfig,
     ) -> None:
-        self._response = response
+        self._writer = writer
         self._encode = encoder.encode
         self._compressor = compressor
         self._merge = config.merge
@@ -74,8 +73,8 @@ class CompressingFrameSink:
                 data += self._compressor.finish()
                 self._finished = True
             if data:
-                await self._response.write(data)
-        await self._response.write_eof()
+                await self._writer.write(data)
+        await self._writer.close()
 
     def abort(self) -> None:
         """Stop any scheduled flush: the stream ended without `close()` (the client left)."""
@@ -115,7 +114,7 @@ class CompressingFrameSink:
                 self._timer = None
             data = self._take_pending()
             if data:
-                await self._response.write(data)
+                await self._writer.write(data)
             # Frames that arrived during the write start the next window.
             self._arm_timer()
 

@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.core.errors import ProxyError
+from proxy.core.errors import ProxyError, UpgradeRequired
 
 log = logging.getLogger("codec_proxy")
 
@@ -26,7 +26,14 @@ def json_error(
 
 
 def error_response(exc: ProxyError) -> web.Response:
-    return json_error(exc.status_hint, exc.message, error_type=exc.error_type, code=exc.code)
+    if isinstance(exc, UpgradeRequired):
+        # Its exact body and headers are the protocol (codec-spec.md §6): sent as built.
+        return web.Response(status=exc.status_hint, body=exc.body, headers=exc.headers)
+    response = json_error(exc.status_hint, exc.message, error_type=exc.error_type, code=exc.code)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 @web.middleware

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from aiohttp import web
-
 from proxy.core.frames import Frame, FrameEncoder
+from proxy.server.client_writer import ClientWriter
 
 
 class FrameSink(Protocol):
@@ -16,18 +15,23 @@ class FrameSink(Protocol):
 
     async def close(self) -> None: ...
 
+    def abort(self) -> None:
+        """Stop anything scheduled; called however the stream ended (close or not)."""
+
 
 class DirectFrameSink:
     """Encode and write every batch of frames at once (identity encoding)."""
 
-    def __init__(self, response: web.StreamResponse, encoder: FrameEncoder) -> None:
-        self._response = response
+    def __init__(self, writer: ClientWriter, encoder: FrameEncoder) -> None:
+        self._writer = writer
         self._encode = encoder.encode
 
     async def write(self, frames: list[Frame]) -> None:
         if frames:
-            # Awaited: a client that reads slowly slows our reads from the upstream.
-            await self._response.write(b"".join([self._encode(frame) for frame in frames]))
+            await self._writer.write(b"".join([self._encode(frame) for frame in frames]))
 
     async def close(self) -> None:
-        await self._response.write_eof()
+        await self._writer.close()
+
+    def abort(self) -> None:
+        pass  # nothing is ever scheduled

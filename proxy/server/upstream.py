@@ -1,42 +1,297 @@
-"""The upstream side: one pooled `ClientSession` per process, owned by the app's cleanup_ctx."""
+"""The upstream side: a pool of backends, one pooled `ClientSession` per worker, timeouts.
+
+- Each request goes to the available upstream with the fewest requests in flight
+  (`proxy/core/balancer.py`); active health checks and passive ejection decide "available".
+- A request is retried on another upstream only when the connection failed before the upstream
+  sent a single byte (refused, reset, a stale pooled connection): nothing can have reached the
+  client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
+- Timeouts: connect; time to first byte (headers and first body chunk share one budget); idle
+  between chunks. No total timeout: a long generation is not a failure (peers.md A2).
+- More than `max_streams` requests in flight is shed with 503 + Retry-After before any work.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.core.balancer import Balancer, UpstreamState
+from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.readiness import Check, Readiness
+from proxy.server.metrics import Metrics
 from proxy.settings import Settings
+
+log = logging.getLogger("codec_proxy")
 
 # aiohttp's client adds these when a request lacks them; a transparent proxy must not.
 SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 
+# Our own probes say who they are, so backend logs (and tests) can tell them from traffic.
+HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 
-class Upstream:
-    """Where requests go, and the connection pool that takes them there."""
+# A pooled keep-alive connection the upstream had already closed (llama.cpp half-closes after a
+# streamed response; uvicorn closes idle ones after 5 s): the request never started there, so
+# it is sent again at once, to the same upstream, on a fresh connection.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
-        self.base_url = base_url.rstrip("/")
+# The connection failed before the upstream answered anything: safe to try another upstream.
+_NOTHING_SENT = (
+    aiohttp.ConnectionTimeoutError,  # connect timeout
+    aiohttp.ClientConnectorError,  # refused, unreachable
+    aiohttp.ServerDisconnectedError,  # a stale pooled connection, or closed on us
+    aiohttp.ClientConnectionResetError,
+    aiohttp.ClientOSError,
+)
+
+
+class Overloaded(ProxyError):
+    """`max_streams` requests are in flight (503; the client should retry shortly)."""
+
+    status_hint = 503
+    error_type = "overloaded"
+    retry_after = 1
+
+
+class NoUpstream(UpstreamUnavailable):
+    """Every upstream is unhealthy or ejected (503)."""
+
+    status_hint = 503
+
+
+@dataclass
+class Exchange:
+    """One request to one upstream and its response, with its read deadlines."""
+
+    response: aiohttp.ClientResponse
+    upstream: UpstreamState
+    first_byte_deadline: float | None  # loop time by which the first body bytes must come
+    idle_timeout: float | None
+    bytes_in: int = 0
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, under the time-to-first-byte and idle timeouts."""
+        reader = self.response.content.iter_any().__aiter__()
+        loop = asyncio.get_running_loop()
+        deadline = self.first_byte_deadline
+        while True:
+            kind = "ttft" if deadline is not None else "idle"
+            if deadline is None and self.idle_timeout is not None:
+                deadline = loop.time() + self.idle_timeout
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await reader.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise UpstreamTimeout(
+                    f"upstream sent nothing for too long ({kind} timeout)", code=f"{kind}_timeout"
+                ) from exc
+            self.bytes_in += len(chunk)
+            deadline = None
+            yield chunk
+
+
+class UpstreamPool:
+    """The configured upstreams, their health, and the session that reaches them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        session: aiohttp.ClientSession,
+        metrics: Metrics,
+        readiness: Readiness | None = None,
+    ) -> None:
+        self.settings = settings
         self.session = session
+        self.metrics = metrics
+        self.readiness = readiness
+        self.balancer = Balancer(
+            settings.upstream,
+            eject_after=settings.eject_after,
+            eject_seconds=settings.eject_seconds,
+        )
+        self.in_flight = 0
 
-    def request(
+    @contextlib.asynccontextmanager
+    async def open(
         self,
         method: str,
         path_qs: str,
         *,
         headers: Iterable[tuple[str, str]],
         data: bytes | None,
+    ) -> AsyncIterator[Exchange]:
+        """Send a request upstream; yields once the response headers are in."""
+        settings = self.settings
+        if self.in_flight >= settings.max_streams:
+            self.metrics.rejected.inc()
+            raise Overloaded(
+                f"{self.in_flight} requests in flight (max_streams); retry shortly",
+                code="overloaded",
+            )
+        self.in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
+            exchange = await self._send(method, path_qs, CIMultiDict(headers), data, deadline)
+            try:
+                yield exchange
+            finally:
+                exchange.response.release()
+                exchange.upstream.outstanding -= 1
+                self.metrics.bytes_in.labels("any").inc(exchange.bytes_in)
+        finally:
+            self.in_flight -= 1
+
+    async def _send(
+        self,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDict[str],
+        data: bytes | None,
+        deadline: float | None,
+    ) -> Exchange:
+        tried: set[str] = set()
+        last_failure: BaseException | None = None
+        stale_retries_left = 2  # the pool may hold more than one such connection
+        while True:
+            upstream = self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
+            if upstream is None:
+                detail = "; ".join(
+                    f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
+                )
+                # Tried and timed out: 504. Tried and refused: 502. None to try at all: 503.
+                if isinstance(last_failure, aiohttp.ConnectionTimeoutError):
+                    message = f"upstream connect timed out ({detail})"
+                    raise UpstreamTimeout(message, code="connect_timeout") from last_failure
+                if last_failure is not None:
+                    message = f"upstream unreachable ({detail})"
+                    raise UpstreamUnavailable(message, code="unreachable") from last_failure
+                raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
+            upstream.outstanding += 1
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await self.session.request(
+                        method,
+                        URL(upstream.url.rstrip("/") + path_qs, encoded=True),
+                        headers=headers,
+                        data=data,
+                        allow_redirects=False,
+                        skip_auto_headers=SKIP_AUTO_HEADERS,
+                    )
+            except _NOTHING_SENT as exc:
+                upstream.outstanding -= 1
+                last_failure = exc
+                if isinstance(exc, _STALE) and stale_retries_left:
+                    stale_retries_left -= 1
+                    self.metrics.retries.inc()
+                    continue
+                if isinstance(exc, aiohttp.ConnectionTimeoutError):
+                    self.metrics.timeouts.labels("connect").inc()
+                self._failed(upstream, "connect", exc)
+                tried.add(upstream.url)
+                self.metrics.retries.inc()
+                continue
+            except TimeoutError as exc:
+                # The time-to-first-byte budget ran out while waiting for response headers.
+                upstream.outstanding -= 1
+                self.metrics.timeouts.labels("ttft").inc()
+                raise UpstreamTimeout(
+                    f"upstream {upstream.url} did not answer in time (ttft timeout)",
+                    code="ttft_timeout",
+                ) from exc
+            except aiohttp.ClientError as exc:
+                upstream.outstanding -= 1
+                self._failed(upstream, "protocol", exc)
+                raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
+            if response.status >= 500:
+                self._failed(upstream, "status_5xx", None)
+            else:
+                self.balancer.succeeded(upstream)
+            return Exchange(response, upstream, deadline, self.settings.idle_timeout or None)
+
+    def request(
+        self,
+        method: str,
+        path_qs: str,
+        *,
+        headers: Iterable[tuple[str, str]] | Mapping[str, str],
+        data: bytes | None,
     ) -> aiohttp.client._RequestContextManager:
+        """The proxy's own request (the drift check's probes) to the first available upstream.
+
+        Not balanced, retried or counted as traffic. Every upstream must serve the same model,
+        so probing one of them speaks for all.
+        """
+        now = time.monotonic()
+        upstreams = self.balancer.upstreams
+        target = next((u for u in upstreams if u.available(now)), upstreams[0])
         return self.session.request(
             method,
-            URL(self.base_url + path_qs, encoded=True),
-            headers=CIMultiDict(headers),
+            URL(target.url.rstrip("/") + path_qs, encoded=True),
+            headers=CIMultiDict(headers.items() if isinstance(headers, Mapping) else headers),
             data=data,
             allow_redirects=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
         )
+
+    def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException | None) -> None:
+        self.metrics.upstream_errors.labels(kind).inc()
+        reason = f"{kind}: {exc!r}" if exc is not None else kind
+        if self.balancer.failed(upstream, time.monotonic(), reason):
+            self.metrics.ejections.inc()
+            self._report()
+            log.warning("upstream %s ejected for %.0fs after: %s", upstream.url,
+                        self.settings.eject_seconds, reason)  # fmt: skip
+
+    async def check_health(self) -> None:
+        """One round of active checks: a 2xx (or a 404: no such endpoint) is healthy."""
+        await asyncio.gather(*(self._check(u) for u in self.balancer.upstreams))
+        self._report()
+
+    def _report(self) -> None:
+        """Tell readiness whether any upstream can take a request now."""
+        if self.readiness is None:
+            return
+        available = self.balancer.any_available(time.monotonic())
+        detail = "; ".join(f"{u.url}: {u.last_error or 'ok'}" for u in self.balancer.upstreams)
+        self.readiness.update(
+            Check("upstreams", ready=available, reason="ok" if available else "no_upstream",
+                  detail=detail)
+        )  # fmt: skip
+
+    async def _check(self, upstream: UpstreamState) -> None:
+        url = upstream.url.rstrip("/") + self.settings.health_path
+        try:
+            # A blackholed upstream must not stall the checks (or the start) for long.
+            async with asyncio.timeout(min(max(1.0, self.settings.health_interval), 10.0)):
+                async with self.session.get(
+                    url, headers=HEALTH_CHECK_HEADERS, skip_auto_headers=SKIP_AUTO_HEADERS
+                ) as resp:
+                    await resp.read()
+                    # 503 is llama.cpp's and vLLM's "still loading the model".
+                    healthy = resp.status < 300 or resp.status == 404
+                    error = None if healthy else f"health check answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            healthy, error = False, f"health check failed: {exc!r}"
+        was = upstream.healthy
+        self.balancer.checked(upstream, healthy=healthy, error=error)
+        if was != healthy:
+            state = "healthy" if healthy else f"unhealthy ({error})"
+            log.warning("upstream %s is now %s", upstream.url, state)
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_interval)
+            await self.check_health()
 
 
 def make_session(settings: Settings) -> aiohttp.ClientSession:
@@ -45,8 +300,9 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
         limit_per_host=settings.pool_limit_per_host,
         keepalive_timeout=settings.keepalive_timeout,
     )
-    # No total timeout: a long generation is not a failure (peers.md A2). Connect is bounded.
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=settings.connect_timeout or None, sock_read=None
+    )
     # auto_decompress=False: pass-through bytes stay exactly as the upstream sent them (A4).
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False, raise_for_status=False

@@ -5,7 +5,8 @@
     ids = loaded.tokenizer.encode(text, add_special_tokens=False).ids
 
 Sources: a GGUF file (byte-level BPE vocabularies, converted the way llama.cpp tokenizes), a
-Hugging Face tokenizer.json, or a directory that holds one.
+Hugging Face tokenizer.json, a directory that holds one, or a Codec tokenizer map (v2 JSON with
+`vocab` and `merges`).
 """
 
 from proxy.tokenizers.errors import TokenizerLoadError

@@ -9,7 +9,7 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
-SourceKind = Literal["gguf", "tokenizer.json"]
+SourceKind = Literal["gguf", "tokenizer.json", "codec-map"]
 Encoder = Literal["byte_level", "metaspace"]
 
 
@@ -32,3 +32,5 @@ class LoadedTokenizer:
     special_tokens: Mapping[str, int]  # control / special added tokens, name -> id
     eos_token_ids: tuple[int, ...]  # may be empty when the source does not say
     published_at: str | None  # source file mtime, UTC, ISO 8601 with a trailing "Z"
+    # A Codec map names itself; other sources leave the map id to the operator.
+    map_id: str | None = None

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from proxy.tokenizers.errors import TokenizerLoadError
+from proxy.tokenizers.from_codec_map import load_codec_map
 from proxy.tokenizers.from_gguf import load_gguf
 from proxy.tokenizers.from_hf import load_tokenizer_json
 from proxy.tokenizers.loaded import LoadedTokenizer
@@ -20,11 +21,14 @@ from proxy.tokenizers.source import JsonSource, looks_like_gguf, published_at, r
 
 JsonLoader = Callable[[JsonSource], LoadedTokenizer | None]
 
-JSON_LOADERS: tuple[JsonLoader, ...] = (load_tokenizer_json,)
+# tokenizer.json first: `tokenizers` parses it natively, and only a refusal makes Python parse the
+# document, which the Codec map loader needs.
+JSON_LOADERS: tuple[JsonLoader, ...] = (load_tokenizer_json, load_codec_map)
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> LoadedTokenizer:
-    """Load the tokenizer at `path`: a `.gguf` file, a tokenizer.json, or a directory holding one.
+    """Load the tokenizer at `path`: a `.gguf` file, a tokenizer.json (or a directory holding
+    one), or a Codec tokenizer map.
 
     Raises TokenizerLoadError with a one-line message naming the file and the problem.
     """
@@ -40,6 +44,6 @@ def load_tokenizer(path: str | os.PathLike[str]) -> LoadedTokenizer:
     # Parsing (if no loader has yet) reports a file that is not JSON at all as exactly that.
     keys = ", ".join(sorted(source.document)[:8]) or "none"
     raise TokenizerLoadError(
-        f"{file}: JSON is not a tokenizer: no 'model' object as in a Hugging Face "
-        f"tokenizer.json (top-level keys: {keys})"
+        f"{file}: JSON is not a tokenizer: neither a Hugging Face tokenizer.json ('model') "
+        f"nor a Codec tokenizer map ('vocab_size' and 'vocab') (top-level keys: {keys})"
     )

@@ -26,10 +26,7 @@ from dataclasses import dataclass
 
 from tokenizers import Regex, pre_tokenizers
 
-# GPT-2's pattern. llama.cpp's copy lacks the final `|\s+`, but text no alternative matches stays
-# a piece of its own in both implementations, so adding it changes nothing and keeps the pattern
-# identical to the one `tokenizers` uses for `ByteLevel(use_regex=True)`.
-GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+from proxy.core.pretok_patterns import GPT2_PATTERN, SINGLE_DIGIT_PATTERN
 
 # Llama-3's pattern in llama.cpp's case-folding-free form (LLAMA_VOCAB_PRE_TYPE_LLAMA3).
 LLAMA3_PATTERN = (
@@ -40,10 +37,6 @@ LLAMA3_PATTERN = (
 # Qwen2's pattern: Llama-3's with single digits instead of runs of up to three
 # (LLAMA_VOCAB_PRE_TYPE_QWEN2).
 QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
-
-# Every digit on its own, applied before GPT-2's pattern by StarCoder, Refact and SmolLM
-# (one `case` block in llama.cpp). Same split as Hugging Face's `Digits(individual_digits=True)`.
-SINGLE_DIGIT_PATTERN = r"\p{N}"
 
 
 @dataclass(frozen=True)

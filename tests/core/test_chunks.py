@@ -22,6 +22,7 @@ from proxy.core.chunks import (
 )
 from proxy.core.errors import UpstreamProtocolError
 from proxy.core.sse import SSEDecoder
+from proxy.core.tool_calls import ToolCallDelta
 from tests.core.conftest import read_capture
 
 Parser = Callable[[str], ChunkResult]
@@ -262,12 +263,33 @@ def test_token_ids_take_precedence_over_logprobs() -> None:
     assert parse_completion_chunk(data) == ChunkDelta("a", token_ids=(5,))
 
 
-def test_tool_call_deltas_are_ignored_for_now() -> None:
-    delta = {
-        "tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{"}}]
-    }
-    assert parse_chat_chunk(chat(delta)) == ChunkDelta("")
-    assert parse_chat_chunk(chat({"content": None, "tool_calls": "anything"})) == ChunkDelta("")
+def test_tool_call_deltas_in_stream_order() -> None:
+    # OpenAI's streaming shape, as vLLM sends it: id, type and name on the first delta.
+    first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f"}}
+    piece = {"index": 0, "function": {"arguments": '{"a"'}}
+    second = {"index": 1, "id": "call_2", "function": {"name": "g", "arguments": "{}"}}
+    delta = {"content": None, "tool_calls": [first, piece, second]}
+    assert parse_chat_chunk(chat(delta)) == ChunkDelta(
+        "",
+        tool_calls=(
+            ToolCallDelta(0, "call_1", "f"),
+            ToolCallDelta(0, arguments='{"a"'),
+            ToolCallDelta(1, "call_2", "g", "{}"),
+        ),
+    )
+    # Without `index` (one call), without `function` (id only), null arguments.
+    bare = {"tool_calls": [{"id": "x"}, {"function": {"name": None, "arguments": None}}]}
+    assert parse_chat_chunk(chat(bare)).tool_calls == (  # type: ignore[union-attr]
+        ToolCallDelta(0, "x"),
+        ToolCallDelta(0),
+    )
+    assert parse_chat_chunk(chat({"tool_calls": None})) == ChunkDelta("")
+
+
+def test_completion_chunks_have_no_tool_calls() -> None:
+    # Only chat deltas carry tool calls; a completion choice's stray field is not read.
+    data = json.dumps({"choices": [{"index": 0, "text": "a", "tool_calls": "x"}]})
+    assert parse_completion_chunk(data) == ChunkDelta("a")
 
 
 # --- Chat -----------------------------------------------------------------------------------
@@ -349,6 +371,14 @@ BAD_CHAT_CHUNKS = {
     "content an object": chat({"content": {"text": "a"}}),
     "reasoning_content a list": chat({"reasoning_content": ["a"]}),
     "reasoning a number": chat({"reasoning": 1}),
+    "tool_calls an object": chat({"tool_calls": {"index": 0}}),
+    "tool call a string": chat({"tool_calls": ["f"]}),
+    "tool call index a string": chat({"tool_calls": [{"index": "0"}]}),
+    "tool call index negative": chat({"tool_calls": [{"index": -1}]}),
+    "tool call id a number": chat({"tool_calls": [{"index": 0, "id": 5}]}),
+    "tool call function a list": chat({"tool_calls": [{"index": 0, "function": []}]}),
+    "tool call name a number": chat({"tool_calls": [{"function": {"name": 1}}]}),
+    "tool call arguments an object": chat({"tool_calls": [{"function": {"arguments": {}}}]}),
 }
 
 
@@ -421,3 +451,17 @@ def test_any_text_gives_a_result_or_a_protocol_error(parser: Parser, data: str) 
     except UpstreamProtocolError:
         return
     assert_well_typed(result)
+
+
+def test_synthetic_tool_call_stream_parses_into_deltas() -> None:
+    decoder = SSEDecoder()
+    body = read_capture("vllm-chat-tool-calls-synthetic.txt").body
+    results = [parse_chat_chunk(event.data) for event in decoder.feed(body)]
+    calls = [call for chunk in deltas(results) for call in chunk.tool_calls]
+    assert [(c.index, c.id, c.name) for c in calls if c.id] == [
+        (0, "chatcmpl-tool-8d1f", "get_weather"),
+        (1, "chatcmpl-tool-93ab", "get_time"),
+    ]
+    arguments = ["".join(c.arguments for c in calls if c.index == i) for i in (0, 1)]
+    assert arguments == ['{"city": "Paris"}', '{"tz": "CET"}']
+    assert all(chunk.token_ids for chunk in deltas(results)[1:-1])

@@ -24,12 +24,14 @@ from proxy.core.frames import (
     FrameDecodeError,
     FrameDecoder,
     FrameEncoder,
+    MsgpackDeltaFrameEncoder,
     MsgpackFrameEncoder,
     PrefixedMsgpackFrameEncoder,
     ProtobufFrameEncoder,
     _protobuf_payload_by_hand,
     encoder_for,
 )
+from proxy.core.tool_calls import ToolCall
 
 MSGPACK = MsgpackFrameEncoder()
 PREFIXED_MSGPACK = PrefixedMsgpackFrameEncoder()
@@ -166,11 +168,21 @@ def test_encoder_for() -> None:
     assert isinstance(encoder_for("msgpack", prefixed_msgpack=True), PrefixedMsgpackFrameEncoder)
     assert isinstance(encoder_for("protobuf"), ProtobufFrameEncoder)
     assert isinstance(encoder_for("protobuf", prefixed_msgpack=True), ProtobufFrameEncoder)
+    # Delta encoders remember the last ID: a fresh one per response, never shared.
+    delta = encoder_for("msgpack-delta", prefixed_msgpack=True)
+    assert isinstance(delta, MsgpackDeltaFrameEncoder)
+    assert delta is not encoder_for("msgpack-delta")
+    assert (delta.content_type, delta.stream_format) == ("application/x-msgpack", "msgpack-delta")
+    # protobuf-delta has no defined layout: answered as plain protobuf, which the encoder says.
+    fallback = encoder_for("protobuf-delta")
+    assert isinstance(fallback, ProtobufFrameEncoder)
+    assert fallback.stream_format == "protobuf"
 
 
-@pytest.mark.parametrize("stream_format", ["json", "msgpack-delta", "MSGPACK", ""])
+@pytest.mark.parametrize("stream_format", ["json", "msgpack-compact", "MSGPACK", ""])
 def test_encoder_for_unknown_format_is_a_bad_request(stream_format: str) -> None:
-    with pytest.raises(BadRequest, match="supported: msgpack, protobuf") as info:
+    supported = "supported: msgpack, msgpack-delta, protobuf, protobuf-delta"
+    with pytest.raises(BadRequest, match=supported) as info:
         encoder_for(stream_format)
     assert info.value.status_hint == 400
 
@@ -313,9 +325,11 @@ def packed_map(value: Any) -> bytes:
 
 
 def test_msgpack_decoder_ignores_unknown_keys_and_key_order() -> None:
-    tool_call = {"name": "f", "arguments_json": "{}", "id": "call_1"}
-    frame = {"done": True, "tool_calls": [tool_call], "ids": [7], "finish_reason": None}
-    assert decode("msgpack", [packed_map(frame)]) == [Frame((7,), True)]
+    tool_call = {"id": "call_1", "arguments_json": "{}", "name": "f", "index": 0}
+    frame = {"done": True, "tool_calls": [tool_call], "x": 1, "ids": [7], "finish_reason": None}
+    assert decode("msgpack", [packed_map(frame)]) == [
+        Frame((7,), True, tool_calls=(ToolCall("f", "{}", "call_1"),))
+    ]
 
 
 def test_msgpack_frame_boundary_after_unknown_values_of_every_kind() -> None:
@@ -352,6 +366,17 @@ BAD_MSGPACK_FRAMES = {
     "float id": packed_map({"ids": [1.0], "done": False}),
     "bool id": packed_map({"ids": [True], "done": False}),
     "finish_reason an int": packed_map({"ids": [], "done": True, "finish_reason": 1}),
+    "tool_calls a map": packed_map({"ids": [], "done": True, "tool_calls": {}}),
+    "tool call not a map": packed_map({"ids": [], "done": True, "tool_calls": ["f"]}),
+    "tool call arguments missing": packed_map(
+        {"ids": [], "done": True, "tool_calls": [{"name": "f", "arguments_json": None}]}
+    ),
+    "tool call name an int": packed_map(
+        {"ids": [], "done": True, "tool_calls": [{"name": 1, "arguments_json": ""}]}
+    ),
+    "tool call id bytes": packed_map(
+        {"ids": [], "done": True, "tool_calls": [{"arguments_json": "", "id": b"x"}]}
+    ),
     "integer keys (msgpack-compact)": packed_map({0: [1], 1: False}),
     "invalid utf-8 key": bytes.fromhex("82 a3 69 64 ff 90 a4 64 6f 6e 65 c2"),
     "0xc1 inside": bytes.fromhex("82 a3 69 64 73 91 c1 a4 64 6f 6e 65 c2"),
@@ -408,13 +433,14 @@ def test_protobuf_explicit_done_false_is_accepted() -> None:
 
 def test_protobuf_unknown_fields_are_skipped() -> None:
     tool_call = bytes.fromhex("22 05 0a 01 66 12 00")  # field 4: ToolCall{name: "f"}
+    tool_call += bytes.fromhex("22 04 30 01 12 00")  # ToolCall with an unknown field 6
     varint64 = bytes.fromhex("48 ff ff ff ff ff ff ff ff ff 01")  # field 9, 10-byte varint
     fixed64 = bytes.fromhex("51") + bytes(8)  # field 10
     fixed32 = bytes.fromhex("5d") + bytes(4)  # field 11
     unknown_bytes = bytes.fromhex("62 02 aa bb")  # field 12
     payload = bytes.fromhex("0a 01 05") + tool_call + varint64 + fixed64 + fixed32 + unknown_bytes
     assert decode("protobuf", [prefixed(payload + bytes.fromhex("10 01"))]) == [
-        Frame((5,), done=True)
+        Frame((5,), done=True, tool_calls=(ToolCall("f", ""), ToolCall(None, "")))
     ]
 
 
@@ -434,6 +460,11 @@ BAD_PROTOBUF_PAYLOADS = {
     "finish_reason as varint": ("18 01", "bad_frame"),
     "done as bytes": ("12 01 01", "bad_frame"),
     "ids as fixed32": ("0d 00 00 00 00", "bad_frame"),
+    "tool_calls as varint": ("20 01", "bad_frame"),
+    "tool call name as varint": ("22 02 08 01", "bad_frame"),
+    "tool call arguments not utf-8": ("22 03 12 01 ff", "bad_frame"),
+    "tool call runs past the frame": ("22 05 0a 01 66", "truncated"),
+    "tool call field runs past the call": ("22 02 0a 05 66 66 66 66 66", "truncated"),
     "field number 0": ("02 00", "bad_frame"),
     "group wire type": ("23", "bad_frame"),
     "wire type 7": ("27", "bad_frame"),

@@ -225,9 +225,10 @@ def naive_event_data(body: bytes) -> list[str]:
 
 
 def test_captures_are_classified() -> None:
-    assert len(SSE_CAPTURES) == 9
+    assert len(SSE_CAPTURES) == 16
     assert JSON_CAPTURES == [
         "llamacpp-error-bad-json.txt",
+        "llamacpp-models.txt",
         "llamacpp-tokenize.txt",
         "vllm-completions-error-n2-binary.txt",
         "vllm-tokenize.txt",

@@ -35,7 +35,9 @@ async def upstream_url(upstream: FakeUpstream, aiohttp_server: AiohttpServer) ->
 
 @pytest.fixture
 def settings(upstream_url: str, smollm2_gguf: Path) -> Settings:
-    return Settings(upstream=upstream_url, tokenizer=smollm2_gguf)
+    # The fake replays captured streams on every path, /tokenize included: no drift check
+    # here (tests/server/test_drift.py runs it against fakes that do tokenize).
+    return Settings(upstream=(upstream_url,), tokenizer=smollm2_gguf, drift_check=False)
 
 
 @pytest.fixture
@@ -56,3 +58,10 @@ def make_proxy(
         return await aiohttp_client(create_app(replace(settings, **changes), smollm2_vocabulary))
 
     return make
+
+
+def app_of(client: ProxyClient) -> web.Application:
+    """The application a test client serves."""
+    app = client.app
+    assert app is not None
+    return app

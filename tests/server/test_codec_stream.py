@@ -243,12 +243,15 @@ async def test_upstream_error_status_before_stream_passes_through(
     assert headers["Content-Type"] == "application/json"
 
 
-async def test_unreachable_upstream_is_a_502_json_error(make_proxy: MakeProxy) -> None:
+async def test_unreachable_upstream_is_a_503_json_error(make_proxy: MakeProxy) -> None:
     proxy = await make_proxy(upstream="http://127.0.0.1:9")
     status, headers, raw = await post(proxy, body())
-    assert status == 502
+    assert status == 503  # the health check already found nobody listening
     assert headers["Content-Type"].startswith("application/json")
-    assert json.loads(raw)["error"]["type"] == "upstream_error"
+    error = json.loads(raw)["error"]
+    assert error["type"] == "upstream_error"
+    assert error["code"] == "no_upstream"
+    assert "127.0.0.1:9" in error["message"]
 
 
 async def test_client_disconnect_closes_the_upstream_request(

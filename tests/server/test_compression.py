@@ -193,7 +193,7 @@ async def test_stalled_upstream_still_delivers_pending_frames_within_the_interva
     # flush_frames far away: only the timer can flush the frames before the stall.
     proxy = await make_proxy(flush_interval_ms=interval_ms, flush_frames=1000)
     capture = load_capture("llamacpp-completions-sample.txt")
-    upstream.script = Script(capture, stall_after_events=12, stall=STALL_SECONDS)
+    upstream.script = Script(capture, stall_after_events=12, stall_seconds=STALL_SECONDS)
 
     def deadline() -> float | None:
         if not upstream.stalled_at:
@@ -222,7 +222,9 @@ async def test_first_frame_is_flushed_at_once(
     first_yielding = next(
         k for k in range(1, len(events)) if pre_stall_ids(smollm2_vocabulary, events[:k])
     )
-    upstream.script = Script(capture, stall_after_events=first_yielding, stall=STALL_SECONDS)
+    upstream.script = Script(
+        capture, stall_after_events=first_yielding, stall_seconds=STALL_SECONDS
+    )
 
     def deadline() -> float | None:
         return upstream.stalled_at[0] + MARGIN_SECONDS if upstream.stalled_at else None
@@ -238,7 +240,7 @@ async def test_flush_frames_bounds_the_window(
 ) -> None:
     proxy = await make_proxy(flush_interval_ms=60_000.0, flush_frames=2)
     capture = load_capture("llamacpp-completions-sample.txt")
-    upstream.script = Script(capture, stall_after_events=9, stall=STALL_SECONDS)
+    upstream.script = Script(capture, stall_after_events=9, stall_seconds=STALL_SECONDS)
 
     def deadline() -> float | None:
         return upstream.stalled_at[0] + MARGIN_SECONDS if upstream.stalled_at else None

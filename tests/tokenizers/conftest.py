@@ -8,7 +8,7 @@ import pytest
 
 from proxy import assets
 from proxy.tokenizers import LoadedTokenizer
-from tests.tokenizers.support import TokenizerCache
+from tests.tokenizers.support import MapCache, TokenizerCache
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +26,9 @@ def load_cached() -> TokenizerCache:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_gguf: Path, load_cached: TokenizerCache) -> LoadedTokenizer:
     return load_cached(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def family_maps(load_cached: TokenizerCache, tmp_path_factory: pytest.TempPathFactory) -> MapCache:
+    """Each map family's map and its reloaded tokenizer, built once per session."""
+    return MapCache(load_cached, tmp_path_factory.mktemp("maps"))

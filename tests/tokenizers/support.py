@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from gguf import GGUFEndian, GGUFWriter, Keys, TokenType
 from tokenizers import pre_tokenizers
 
 from proxy import assets
+from proxy.core.map_content import map_content
+from proxy.core.tokenizer_map import MapContent, PublishedMap, render_map
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 
 # Every real tokenizer source the tests use, by family name. GGUF vocabularies other than
@@ -126,3 +129,46 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# The families whose maps are checked in full: SmolLM2's GGUF and the three tokenizer.json
+# files, one per kind of pre-tokenizer (digits then GPT-2, Llama-3, Qwen with NFC, metaspace).
+MAP_FAMILIES = ("smollm2", "llama3.json", "qwen3.json", "mistral.json")
+GOLDEN_PATH = Path(__file__).resolve().parent.parent / "fixtures" / "tokenizers" / "golden.json"
+
+
+@dataclass(frozen=True)
+class FamilyMap:
+    """One family's tokenizer, its map (golden id and published_at) and the map loaded back."""
+
+    loaded: LoadedTokenizer
+    content: MapContent
+    published: PublishedMap
+    path: Path  # the map written to a file
+    reloaded: LoadedTokenizer  # load_tokenizer(path)
+
+
+class MapCache:
+    """Maps of MAP_FAMILIES, built on first use in a test session."""
+
+    def __init__(self, load: TokenizerCache, directory: Path) -> None:
+        self.golden = json.loads(GOLDEN_PATH.read_text(encoding="utf-8"))
+        self._load = load
+        self._directory = directory
+        self._maps: dict[str, FamilyMap] = {}
+
+    def __call__(self, family: str) -> FamilyMap:
+        if family not in self._maps:
+            loaded = self._load(family_path(family))
+            content = map_content(
+                loaded.tokenizer,
+                encoder=loaded.encoder,
+                vocab_size=loaded.vocab_size,
+                special_tokens=loaded.special_tokens,
+                published_at=self.golden["published_at"],
+            )
+            published = render_map(self.golden["families"][family]["map_id"], content)
+            path = self._directory / f"{family}.map.json"
+            path.write_bytes(published.body)
+            self._maps[family] = FamilyMap(loaded, content, published, path, load_tokenizer(path))
+        return self._maps[family]

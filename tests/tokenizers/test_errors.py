@@ -57,8 +57,9 @@ def test_json_that_is_not_a_tokenizer(tmp_path: Path) -> None:
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 32000}))
     assert load_error(path).message == (
-        f"{path}: JSON is not a tokenizer: no 'model' object as in a Hugging Face "
-        "tokenizer.json (top-level keys: architectures, vocab_size)"
+        f"{path}: JSON is not a tokenizer: neither a Hugging Face tokenizer.json ('model') "
+        "nor a Codec tokenizer map ('vocab_size' and 'vocab') (top-level keys: architectures, "
+        "vocab_size)"
     )
 
 

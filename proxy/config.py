@@ -1,0 +1,360 @@
+"""Settings from a TOML or YAML file, overridden by `CODEC_PROXY_*` variables, overridden by flags.
+
+Everything here is derived from the `Settings` dataclass: its field names are the file keys,
+`CODEC_PROXY_<NAME>` the environment variables, `--<name-with-dashes>` the flags; its type
+annotations say how a value is parsed and checked, and each field's `Option` metadata carries
+the help text, bounds and whether it is a secret. Adding a setting is adding one field.
+
+Every problem stops the process with one line naming the key and what is wrong, e.g.
+`config.toml: 'ttft_timeout' must be >= 0, got -1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from proxy.core.errors import ConfigError
+from proxy.settings import Option, Settings
+
+ENV_PREFIX = "CODEC_PROXY_"
+# Variables with our prefix that are not settings (proxy/assets.py's download cache).
+_NOT_SETTINGS = frozenset({"CODEC_PROXY_CACHE"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    kind: Any  # the resolved type annotation
+    option: Option
+    required: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + (self.option.flag or self.name.replace("_", "-"))
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _fields() -> list[_Field]:
+    hints = typing.get_type_hints(Settings)
+    return [
+        _Field(
+            field.name,
+            hints[field.name],
+            field.metadata.get("option", Option()),
+            field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING,
+        )
+        for field in dataclasses.fields(Settings)
+    ]
+
+
+def setting_names() -> list[str]:
+    return [field.name for field in _fields()]
+
+
+_UNSET = frozenset({"", "none", "null"})
+
+
+def _optional_inner(kind: Any) -> Any | None:
+    """`X | None` -> X; anything else -> None."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(kind)) == 2:
+            return args[0]
+    return None
+
+
+def _describe(kind: Any) -> str:
+    inner = _optional_inner(kind)
+    if inner is not None:
+        return f"{_describe(inner)} or null"
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(kind))
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(kind)[0])}"
+    if origin is dict:
+        return "a table of name = value"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        kind, "a path" if kind is Path else str(kind)
+    )
+
+
+def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
+    """Check (from a file) or parse (from text) one value; raise ValueError with the reason."""
+    inner = _optional_inner(kind)
+    if inner is not None:
+        # TOML has no null: the string "none" unsets an optional value in files and flags too.
+        if value is None or (isinstance(value, str) and value.strip().lower() in _UNSET):
+            return None
+        return _convert(inner, value, from_text=from_text)
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        choices = typing.get_args(kind)
+        if value not in choices:
+            raise ValueError(f"must be {_describe(kind)}, got {value!r}")
+        return value
+    if origin is tuple:
+        item = typing.get_args(kind)[0]
+        if from_text:
+            items = [part.strip() for part in value.split(",") if part.strip()]
+        elif isinstance(value, str):
+            items = [value]  # one value where a list is expected: a list of one
+        elif isinstance(value, list | tuple):
+            items = list(value)
+        else:
+            raise ValueError(f"must be {_describe(kind)}, got {value!r}")
+        return tuple(_convert(item, v, from_text=from_text) for v in items)
+    if origin is dict:
+        value_kind = typing.get_args(kind)[1]
+        if from_text:
+            pairs = [part.partition("=") for part in value.split(",") if part.strip()]
+            if any(not sep for _, sep, _ in pairs):
+                raise ValueError(f"must be name=value pairs, got {value!r}")
+            value = {k.strip(): v.strip() for k, _, v in pairs}
+        if not isinstance(value, dict):
+            raise ValueError(f"must be {_describe(kind)}, got {value!r}")
+        return {str(k): _convert(value_kind, v, from_text=from_text) for k, v in value.items()}
+    if kind is bool:
+        # Text (and, in files, the strings "on"/"off" that mirror `--flag off`) or a real bool.
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered in _TRUE | _FALSE:
+                return lowered in _TRUE
+        elif isinstance(value, bool):
+            return value
+        raise ValueError(f"must be true or false (or on/off), got {value!r}")
+    if kind is int:
+        if from_text:
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"must be an integer, got {value!r}")
+    if kind is float:
+        if from_text:
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"must be a number, got {value!r}")
+    if kind is Path and isinstance(value, Path):
+        return value
+    if kind is str or kind is Path:
+        if isinstance(value, str) and value:
+            return Path(value) if kind is Path else value
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    raise ValueError(f"has an unsupported type {kind!r}")  # a programming error in Settings
+
+
+def _check_bounds(field: _Field, value: Any) -> None:
+    option = field.option
+    values = value if isinstance(value, tuple) else (value,)
+    for item in values:
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            if option.minimum is not None and item < option.minimum:
+                raise ValueError(f"must be >= {option.minimum:g}, got {item:g}")
+            if option.maximum is not None and item > option.maximum:
+                raise ValueError(f"must be <= {option.maximum:g}, got {item:g}")
+        if option.url and isinstance(item, str) and not item.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {item!r}")
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """A TOML (`.toml`) or YAML (`.yaml`, `.yml`) file as a mapping of keys."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise ConfigError(f"{path}: unknown config format (use .toml, .yaml or .yml)")
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+    except Exception as exc:  # yaml.YAMLError, without importing yaml for TOML users
+        if type(exc).__module__.startswith("yaml"):
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+        raise
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table of keys")
+    return data
+
+
+def load(
+    *,
+    file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    require: bool = True,
+) -> Settings:
+    """Merge the three sources over the defaults, validate, and build `Settings`."""
+    known = {f.name: f for f in _fields()}
+    values: dict[str, Any] = {}
+
+    def put(source: str, name: str, raw: Any, *, from_text: bool) -> None:
+        field = known.get(name)
+        if field is None:
+            raise ConfigError(f"{source}: unknown key {name!r}")
+        try:
+            value = _convert(field.kind, raw, from_text=from_text)
+            _check_bounds(field, value)
+        except ValueError as exc:
+            label = field.env if source == "environment" else name
+            raise ConfigError(f"{source}: {label!r} {exc}") from exc
+        values[name] = value
+
+    if file is not None:
+        for name, raw in read_file(file).items():
+            put(str(file), str(name), raw, from_text=False)
+    for key, raw in (os.environ if env is None else env).items():
+        if key.startswith(ENV_PREFIX) and key not in _NOT_SETTINGS:
+            name = key[len(ENV_PREFIX) :].lower()
+            if name in known:
+                put("environment", name, raw, from_text=True)
+            else:
+                raise ConfigError(f"environment: unknown variable {key!r}")
+    for name, raw in (flags or {}).items():
+        if raw is not None:
+            put("command line", name, raw, from_text=False)
+    if require:
+        missing = [known[n] for n in known if known[n].required and n not in values]
+        if missing:
+            field = missing[0]
+            raise ConfigError(
+                f"{field.name!r} is required: pass {field.flag}, set {field.env}, "
+                f"or put {field.name!r} in the config file"
+            )
+    try:
+        return Settings(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def add_flags(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()) -> None:
+    """One flag per setting, defaulting to None so that only flags given override."""
+    for field in _fields():
+        if field.name in skip:
+            continue
+        kwargs: dict[str, Any] = {"dest": field.name, "default": None, "help": field.option.help}
+        kind = _optional_inner(field.kind) or field.kind
+        origin = typing.get_origin(kind)
+        if kind is bool:
+            # `--flag` alone means on; `--flag off` (or false/no/0) means off.
+            kwargs.update(nargs="?", const=True, type=_flag_bool, metavar="on|off")
+        elif origin is tuple:
+            kwargs["action"] = "append"
+            kwargs["metavar"] = field.name.rstrip("s").upper()
+        elif origin is dict:
+            kwargs["action"] = _PairsAction
+            kwargs["metavar"] = "NAME=VALUE"
+        elif origin is Literal:
+            kwargs["choices"] = typing.get_args(kind)
+        else:
+            kwargs["type"] = {int: int, float: float}.get(kind, str)
+        if field.option.secret:
+            kwargs["help"] = f"{field.option.help} (secret: never logged)"
+        parser.add_argument(field.flag, **kwargs)
+
+
+def _flag_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in _TRUE | _FALSE:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return lowered in _TRUE
+
+
+class _PairsAction(argparse.Action):
+    """`--flag name=value`, repeatable, into a dict."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        name, sep, value = str(values).partition("=")
+        if not sep:
+            parser.error(f"{option_string} expects NAME=VALUE, got {values!r}")
+        current = dict(getattr(namespace, self.dest) or {})
+        current[name] = value
+        setattr(namespace, self.dest, current)
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags (argparse namespace -> {field name: value})."""
+    names = {f.name for f in _fields()}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))
+
+
+EXAMPLE_HEADER = """\
+# codec-proxy configuration: every setting, with its default.
+#
+# Generated from proxy/settings.py by `codec-proxy config-example`; a test keeps it in step.
+# Each key can also be set as an environment variable CODEC_PROXY_<KEY> (upper case; lists
+# comma-separated) or a flag --<key-with-dashes>. Flags beat variables, variables beat this file.
+# Check a file without starting: codec-proxy check-config FILE
+"""
+
+# Example values for the settings that have no default.
+_REQUIRED_EXAMPLES = {"upstream": ("http://127.0.0.1:8000",), "tokenizer": "/models/model.gguf"}
+
+
+def example_toml() -> str:
+    """A config file with every setting, its help text and its default."""
+    defaults = Settings(**_REQUIRED_EXAMPLES)  # type: ignore[arg-type]
+    lines = [EXAMPLE_HEADER]
+    for field in _fields():
+        value = getattr(defaults, field.name)
+        lines.append(f"# {field.option.help}" + (" (required)" if field.required else ""))
+        example = field.option.example
+        prefix = "# " if value is None or example is not None else ""
+        shown = example or ("..." if value is None else _toml_value(value))
+        lines.append(f"{prefix}{field.name} = {shown}\n")
+    return "\n".join(lines)
+
+
+def describe(settings: Settings) -> str:
+    """The effective settings, one `key = value` per line, secrets redacted."""
+    lines = []
+    for field in _fields():
+        value = getattr(settings, field.name)
+        if field.option.secret and value:
+            value = "<redacted>"
+        lines.append(f"{field.name} = {value!r}")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Readiness: named checks, each owned by one part of the proxy, and the verdict over them.
+
+`GET /readyz` reports it; a check can also refuse Codec mode while it fails (the tokenizer
+drift check does: never serve IDs from a tokenizer the backend does not use). Later lifecycle
+work (draining, upstream health) adds its own checks here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    """The latest word of one check. `reason` is a stable code, `detail` a line for people."""
+
+    name: str
+    ready: bool
+    reason: str
+    detail: str = ""
+    refuses_codec: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ready": self.ready, "reason": self.reason, "detail": self.detail}
+
+
+class Readiness:
+    """Every check's latest result. Owners replace their check whole; readers see snapshots."""
+
+    def __init__(self) -> None:
+        self._checks: dict[str, Check] = {}
+
+    def update(self, check: Check) -> None:
+        self._checks[check.name] = check
+
+    def get(self, name: str) -> Check | None:
+        return self._checks.get(name)
+
+    @property
+    def ready(self) -> bool:
+        return all(check.ready for check in self._checks.values())
+
+    def codec_refusal(self) -> Check | None:
+        """The first check that refuses Codec mode right now, if any."""
+        return next((c for c in self._checks.values() if c.refuses_codec), None)
+
+    def report(self) -> dict[str, Any]:
+        """The `/readyz` body: status, what blocks readiness, and every check."""
+        failing = [check for check in self._checks.values() if not check.ready]
+        return {
+            "status": "ready" if not failing else "not_ready",
+            "reasons": [{"check": c.name, "reason": c.reason, "detail": c.detail} for c in failing],
+            "checks": {check.name: check.to_json() for check in self._checks.values()},
+        }

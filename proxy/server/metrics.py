@@ -1,0 +1,138 @@
+"""Prometheus metrics, `codec_proxy_*`, with low-cardinality labels only.
+
+Labels take values from small fixed sets (route names, mode, status class, encoding, phase,
+kind), never from request content, so a scrape stays small whatever the traffic; safety-policy
+rules, prompts and tokens never become labels.
+
+With several workers (`--workers N`) every worker writes its samples to files in a directory the
+supervisor shares (prometheus_client's multiprocess mode, `PROMETHEUS_MULTIPROC_DIR`), and
+whichever worker answers `/metrics` aggregates all of them, so the numbers are the machine's,
+not one worker's.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import multiprocess as prometheus_multiprocess
+
+# Seconds. Time to first token spans loopback (sub-ms) to long prefills (minutes).
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Time inside the proxy per upstream chunk: microseconds matter here.
+_OVERHEAD_BUCKETS = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+)  # fmt: skip
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+class Metrics:
+    """Every metric the proxy exports, registered in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "codec_proxy_requests",
+            "Requests answered, by route, mode (codec|passthrough|local) and status code.",
+            ["route", "mode", "status"],
+            registry=r,
+        )
+        self.active_streams = Gauge(
+            "codec_proxy_active_streams",
+            "Requests currently being proxied to an upstream.",
+            ["mode"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.ttft = Histogram(
+            "codec_proxy_time_to_first_token_seconds",
+            "From request received to the first body bytes sent to the client.",
+            ["mode"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_gap = Histogram(
+            "codec_proxy_inter_token_gap_seconds",
+            "Time between two successive writes of a stream to its client.",
+            ["mode"],
+            buckets=_GAP_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "codec_proxy_overhead_seconds",
+            "Time spent inside the proxy on one upstream chunk (parse, retokenize, encode).",
+            ["mode"],
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "codec_proxy_upstream_errors",
+            "Upstream failures by kind (connect, status_5xx, reset, protocol).",
+            ["kind"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "codec_proxy_retries",
+            "Requests sent to another upstream after a connect failure (before any byte).",
+            registry=r,
+        )
+        self.ejections = Counter(
+            "codec_proxy_upstream_ejections",
+            "Upstreams taken out of rotation after consecutive failures.",
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "codec_proxy_client_disconnects",
+            "Clients that left before their response ended, by phase.",
+            ["phase"],
+            registry=r,
+        )
+        self.timeouts = Counter(
+            "codec_proxy_timeouts",
+            "Timeouts by kind (connect, ttft, idle, write).",
+            ["kind"],
+            registry=r,
+        )
+        self.bytes_in = Counter(
+            "codec_proxy_upstream_bytes",
+            "Body bytes received from upstreams.",
+            ["mode"],
+            registry=r,
+        )
+        self.bytes_out = Counter(
+            "codec_proxy_client_bytes",
+            "Body bytes sent to clients, by mode and content encoding.",
+            ["mode", "encoding"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "codec_proxy_tokens",
+            "Token IDs sent in Codec frames, by stream format.",
+            ["format"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "codec_proxy_load_shed",
+            "Requests refused with 503 because max_streams were in flight.",
+            registry=r,
+        )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition for `/metrics`, across all workers when there are several."""
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            prometheus_multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,125 @@
+"""One record per request: filled in by the handlers, logged once, counted once.
+
+The access log is one line per request (JSON by default): id, route, mode, stream_format,
+encoding, client version, status, tokens, bytes, time to first byte, duration and outcome.
+`X-Request-Id` is taken from the client when it sends one (so a trace crosses the proxy) or
+made up, then forwarded upstream and echoed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.server.keys import METRICS
+from proxy.server.lifecycle import is_shutdown
+
+access_log = logging.getLogger("codec_proxy.access")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+# A client-chosen id is kept only if it is short and plain: it lands in logs and upstream headers.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+@dataclass
+class RequestRecord:
+    """What one request did. Handlers fill in what they know; the middleware logs it."""
+
+    id: str
+    method: str
+    route: str
+    started: float = field(default_factory=time.monotonic)
+    mode: str = "local"  # codec | passthrough | local (answered by the proxy itself)
+    stream_format: str | None = None
+    encoding: str | None = None
+    client_version: str | None = None
+    upstream: str | None = None
+    status: int = 0
+    tokens: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    ttft: float | None = None  # seconds from start to the first body bytes sent
+    outcome: str = "ok"
+    # Where the request was when it ended: reading_request, upstream_headers, first_byte,
+    # first_token, streaming. Labels client disconnects.
+    phase: str = "reading_request"
+    last_write: float | None = None
+
+    def wrote(self, nbytes: int, now: float | None = None) -> float | None:
+        """Account a body write; return the gap since the previous one (None for the first)."""
+        now = time.monotonic() if now is None else now
+        self.bytes_out += nbytes
+        gap = None if self.last_write is None else now - self.last_write
+        if self.ttft is None:
+            self.ttft = now - self.started
+        self.last_write = now
+        return gap
+
+    def log_fields(self) -> dict[str, object]:
+        fields = asdict(self)
+        fields.pop("started")
+        fields.pop("last_write")
+        fields["duration"] = round(time.monotonic() - self.started, 6)
+        if self.ttft is not None:
+            fields["ttft"] = round(self.ttft, 6)
+        return fields
+
+
+RECORD = web.RequestKey("record", RequestRecord)
+
+
+def request_id(request: web.Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    return given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def _route_name(request: web.Request) -> str:
+    # The route's pattern, never the raw path: paths would make labels unbounded.
+    info = request.match_info.route.resource
+    canonical = info.canonical if info is not None else "unmatched"
+    return "relay" if "{tail" in canonical else canonical
+
+
+@web.middleware
+async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    record = RequestRecord(request_id(request), request.method, _route_name(request))
+    request[RECORD] = record
+    metrics = request.app[METRICS]
+    try:
+        response = await handler(request)
+        record.status = response.status
+        return response
+    except (asyncio.CancelledError, ConnectionResetError) as exc:
+        # The client left (aiohttp cancels the handler; a write fails), or the drain ended it.
+        shutdown = isinstance(exc, asyncio.CancelledError) and is_shutdown(exc)
+        if record.outcome == "ok":
+            record.outcome = "ended_by_shutdown" if shutdown else "client_disconnect"
+        if not shutdown:
+            metrics.client_disconnects.labels(record.phase).inc()
+        record.status = record.status or 499  # nginx's "client closed request"
+        raise
+    except web.HTTPException as exc:
+        record.status = exc.status
+        raise
+    finally:
+        metrics.requests.labels(record.route, record.mode, str(record.status)).inc()
+        _log(request, record)
+
+
+async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: every response, streamed or not, carries its request id."""
+    record = request.get(RECORD)
+    if record is not None:
+        response.headers[REQUEST_ID_HEADER] = record.id
+
+
+def _log(request: web.Request, record: RequestRecord) -> None:
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info("request", extra={"fields": record.log_fields()})

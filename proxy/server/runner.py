@@ -1,0 +1,85 @@
+"""Run one worker: listen, serve until SIGTERM or SIGINT, drain, exit.
+
+Not `web.run_app`: its shutdown stops listening and then waits on handlers without a way to
+end a stream with its terminal frame. Here the order is the one a rolling deploy needs:
+not-ready at once, stop accepting, let streams finish for `drain_timeout`, end the rest
+cleanly, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from aiohttp import web
+
+from proxy.core.readiness import Check
+from proxy.server.keys import LIFECYCLE, READINESS
+from proxy.settings import Settings
+
+log = logging.getLogger("codec_proxy")
+
+
+async def serve(
+    app: web.Application,
+    settings: Settings,
+    *,
+    reuse_port: bool = False,
+    announce: Callable[[], None] = lambda: None,
+) -> None:
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        # A client that disconnects cancels its handler at once, which closes the upstream
+        # request, so the backend stops generating (peers.md A7).
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=5.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port, backlog=1024)
+    await site.start()
+    announce()
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    forced = asyncio.Event()
+
+    def on_signal() -> None:
+        # The first signal drains; a second one (an impatient Ctrl-C) ends streams now.
+        (forced if stop.is_set() else stop).set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        await stop.wait()
+        lifecycle = app[LIFECYCLE]
+        lifecycle.draining = True
+        app[READINESS].update(  # /readyz answers 503 from now on
+            Check("draining", ready=False, reason="draining", detail="shutting down")
+        )
+        await site.stop()  # no new connections
+        if runner.server is not None:
+            runner.server.pre_shutdown()  # no new requests on kept-alive connections
+        log.info(
+            "draining: %d stream(s) in flight, up to %.0fs",
+            len(lifecycle.streams),
+            settings.drain_timeout,
+        )
+        drain = asyncio.ensure_future(lifecycle.drain(settings.drain_timeout))
+        waiter = asyncio.ensure_future(forced.wait())
+        await asyncio.wait({drain, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
+            await lifecycle.drain(0.0)
+        waiter.cancel()
+        ended = len(lifecycle.streams)
+        if ended:
+            log.warning("drain: %d stream(s) still open at exit", ended)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()

@@ -1,0 +1,76 @@
+"""Codec version negotiation at the edge: the client's version, the 426 gate, header floors.
+
+* `client_version(request)`: the request's `Codec-Client-Version` (absent: 0.2;
+  unparsable: 0.0, logged once per client address).
+* `codec_gate(request)`: call it on every Codec entry point before contacting the upstream; it
+  raises the 426 when this deployment enforces a floor the client is below.
+* `strip_withheld_headers`: the one place the header floor table is applied, an
+  `on_response_prepare` hook, so it covers every response whichever handler built it (Codec
+  streams, relayed upstream responses, errors, well-known documents).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from proxy.core.versioning import (
+    CLIENT_VERSION_HEADER,
+    ClientVersion,
+    parse_client_version,
+    withheld_headers,
+)
+from proxy.server.keys import VERSION_NOTICES, VERSION_POLICY
+
+log = logging.getLogger("codec_proxy")
+
+# Unparsable header values are client-controlled: log at most this much, escaped by %r.
+_LOGGED_VALUE_CHARS = 40
+
+
+def client_version(request: web.Request) -> ClientVersion:
+    """The Codec version this request is treated as.
+
+    Parsed again wherever it is needed (a regex over a few bytes): nothing to keep in sync,
+    and the log-once bookkeeping keeps repeated parses quiet.
+    """
+    header = request.headers.get(CLIENT_VERSION_HEADER)
+    parsed = parse_client_version(header)
+    address = request.remote or "unknown"
+    if parsed.unparsable and request.app[VERSION_NOTICES].first_time("unparsable", address):
+        log.warning(
+            "unparsable %s %r from %s: treated as %s (logged once per address)",
+            CLIENT_VERSION_HEADER,
+            (header or "")[:_LOGGED_VALUE_CHARS],
+            address,
+            parsed.version,
+        )
+    return parsed.version
+
+
+def codec_gate(request: web.Request) -> ClientVersion:
+    """The client's version, or the 426 when this deployment enforces a higher one.
+
+    Must run before any upstream contact on every Codec entry point (codec-spec.md §12 item
+    24). JSON requests are not Codec traffic and never go through it.
+    """
+    client = client_version(request)
+    policy = request.app[VERSION_POLICY]
+    if policy.refuses(client):
+        raise policy.upgrade_required(client)
+    address = request.remote or "unknown"
+    if policy.advises(client) and request.app[VERSION_NOTICES].first_time("advisory", address):
+        log.info(
+            "Codec client %s at version %s is below 0.4 (advisory version policy: served)",
+            address,
+            client,
+        )
+    return client
+
+
+async def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: drop every `Codec-*` header above the client's version."""
+    client = client_version(request)
+    for name in withheld_headers(client, set(response.headers.keys())):
+        response.headers.popall(name, None)

@@ -1,0 +1,391 @@
+"""Production behaviour under faults, in process, with fault-injecting fake upstreams.
+
+Several upstreams and their health, retries only before the first byte, timeouts and their
+outcomes, client disconnects closing the upstream, load shedding, slow clients, API keys,
+probes, metrics and access logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterator
+
+import aiohttp
+import pytest
+
+from proxy.core.frames import Frame, FrameDecoder
+from proxy.server.keys import UPSTREAM
+from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
+
+SAMPLE = "llamacpp-completions-sample.txt"
+
+
+def codec_body(fmt: str = "msgpack") -> dict[str, object]:
+    return {"prompt": "Hi", "max_tokens": 32, "stream_format": fmt}
+
+
+@pytest.fixture
+def make_upstream(aiohttp_server: AiohttpServer) -> Callable[[], object]:
+    async def make() -> tuple[FakeUpstream, str]:
+        fake = FakeUpstream()
+        server = await aiohttp_server(fake.app())
+        fake.server = server
+        return fake, str(server.make_url("")).rstrip("/")
+
+    return make
+
+
+@pytest.fixture
+def closed_port() -> str:
+    """A URL nothing listens on: connections are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """A URL whose listen queue is full: connections hang until the connect timeout."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    yield f"http://127.0.0.1:{port}"
+    for sock in [server, *fillers]:
+        sock.close()
+
+
+async def frames_of(resp: aiohttp.ClientResponse, fmt: str = "msgpack") -> list[Frame]:
+    return FrameDecoder(fmt).feed(await resp.read())  # type: ignore[arg-type]
+
+
+async def wait_for(predicate: Callable[[], bool], seconds: float = 3.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+# --- several upstreams ------------------------------------------------------------------------
+
+
+async def test_least_outstanding_spreads_concurrent_streams(
+    make_proxy: MakeProxy, make_upstream
+) -> None:
+    (a, url_a), (b, url_b) = await make_upstream(), await make_upstream()
+    for fake in (a, b):
+        fake.script = Script(load_capture(SAMPLE), delay=0.01)
+    proxy = await make_proxy(upstream=(url_a, url_b))
+
+    async def one() -> None:
+        async with proxy.post("/v1/completions", json=codec_body()) as resp:
+            assert resp.status == 200
+            await resp.read()
+
+    await asyncio.gather(*(one() for _ in range(8)))
+    assert len(a.requests) == len(b.requests) == 4
+
+
+async def test_upstream_down_at_start_is_skipped(
+    make_proxy: MakeProxy, make_upstream, closed_port: str
+) -> None:
+    good, good_url = await make_upstream()
+    proxy = await make_proxy(upstream=(closed_port, good_url), health_interval=60)
+    for _ in range(4):
+        async with proxy.post("/v1/completions", json=codec_body()) as resp:
+            assert resp.status == 200
+            frames = await frames_of(resp)
+        assert frames[-1].finish_reason == "length"
+    assert len(good.requests) == 4
+
+
+async def test_upstream_that_dies_is_retried_elsewhere_and_ejected(
+    make_proxy: MakeProxy, make_upstream
+) -> None:
+    doomed, doomed_url = await make_upstream()
+    good, good_url = await make_upstream()
+    proxy = await make_proxy(upstream=(doomed_url, good_url), eject_after=2, health_interval=60)
+    await doomed.server.close()  # refuses connections from now on; health was fine at start
+    for _ in range(6):
+        async with proxy.post("/v1/completions", json=codec_body()) as resp:
+            assert resp.status == 200
+            frames = await frames_of(resp)
+        assert frames[-1].finish_reason == "length"
+    assert len(good.requests) == 6  # every request answered once, none lost or doubled
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    # Two refused connects ejected it; after that no request tried it any more.
+    assert 'codec_proxy_upstream_errors_total{kind="connect"} 2.0' in text
+    assert "codec_proxy_retries_total 2.0" in text
+    assert "codec_proxy_upstream_ejections_total 1.0" in text
+
+
+async def test_stale_connection_hang_up_before_answer_is_retried(
+    make_proxy: MakeProxy, make_upstream
+) -> None:
+    flaky, flaky_url = await make_upstream()
+    good, good_url = await make_upstream()
+    flaky.script = Script(load_capture(SAMPLE), hang_up=True)
+    proxy = await make_proxy(upstream=(flaky_url, good_url), health_interval=60)
+    for _ in range(3):
+        async with proxy.post("/v1/completions", json=codec_body()) as resp:
+            assert resp.status == 200
+            await resp.read()
+    assert len(good.requests) == 3
+    assert flaky.outcomes.count("hung_up") >= 1
+
+
+async def test_stale_kept_alive_connection_is_retried_on_the_same_upstream(
+    proxy: ProxyClient, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(load_capture(SAMPLE), hang_up_on_reused_connection=True)
+    for payload in ({"prompt": "Hi", "stream": True}, codec_body(), {"prompt": "Hi"}):
+        async with proxy.post("/v1/completions", json=payload) as resp:
+            assert resp.status == 200  # never a 502 for a connection the upstream let go
+            await resp.read()
+    assert upstream.outcomes.count("complete") == 3
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    assert "codec_proxy_retries_total 2.0" in text  # the 2nd and 3rd found a stale connection
+    assert "codec_proxy_upstream_ejections_total 0.0" in text
+
+
+async def test_failure_after_first_byte_is_never_retried(
+    make_proxy: MakeProxy, make_upstream
+) -> None:
+    (a, url_a), (b, url_b) = await make_upstream(), await make_upstream()
+    for fake in (a, b):
+        fake.script = Script(load_capture(SAMPLE), drop_after_events=5)
+    proxy = await make_proxy(upstream=(url_a, url_b), health_interval=60)
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        frames = await frames_of(resp)
+    assert frames[-1].finish_reason == "error"
+    assert len(a.requests) + len(b.requests) == 1  # one upstream request, not two
+
+
+async def test_health_checks_decide_readiness_and_routing(
+    make_proxy: MakeProxy, make_upstream
+) -> None:
+    loading, loading_url = await make_upstream()
+    loading.health_code, loading.health_status = 503, "loading model"
+    proxy = await make_proxy(upstream=loading_url, health_interval=0.1)
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 503
+        reasons = (await resp.json())["reasons"]
+    assert [(r["check"], r["reason"]) for r in reasons] == [("upstreams", "no_upstream")]
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 503
+    assert loading.requests == []
+    loading.health_code = 200  # the model finished loading
+    await wait_for(lambda: bool(loading.health_checks) and loading.health_code == 200)
+    await asyncio.sleep(0.3)
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 200
+
+
+# --- timeouts ---------------------------------------------------------------------------------
+
+
+async def test_connect_timeout_is_504_json(make_proxy: MakeProxy, blackhole: str) -> None:
+    proxy = await make_proxy(upstream=blackhole, connect_timeout=0.3, health_interval=60)
+    # The start-up health check timed out too; put the upstream back to test a request.
+    assert proxy.app is not None
+    pool = proxy.app[UPSTREAM]
+    pool.balancer.checked(pool.balancer.upstreams[0], healthy=True)
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 504
+        error = (await resp.json())["error"]
+    assert error["code"] == "connect_timeout"
+    async with proxy.get("/metrics") as resp:
+        assert 'codec_proxy_timeouts_total{kind="connect"} 1.0' in await resp.text()
+
+
+async def test_ttft_timeout_before_the_stream_is_504(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(load_capture(SAMPLE), header_delay=2.0)
+    proxy = await make_proxy(ttft_timeout=0.3)
+    for payload in (codec_body(), {"prompt": "Hi", "stream": True}):
+        async with proxy.post("/v1/completions", json=payload) as resp:
+            assert resp.status == 504
+            assert (await resp.json())["error"]["code"] == "ttft_timeout"
+
+
+async def test_idle_timeout_mid_codec_stream_is_a_terminal_error_frame(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(load_capture(SAMPLE), stall_after_events=6, stall_seconds=3.0)
+    proxy = await make_proxy(idle_timeout=0.3)
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 200
+        frames = await frames_of(resp)
+    assert frames[-1].done
+    assert frames[-1].finish_reason == "error"
+    assert sum(f.done for f in frames) == 1
+    await wait_for(lambda: upstream.outcomes == ["aborted"])  # and the upstream was closed
+
+
+async def test_idle_timeout_mid_json_stream_closes_the_connection(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(load_capture(SAMPLE), stall_after_events=6, stall_seconds=3.0)
+    proxy = await make_proxy(idle_timeout=0.3)
+    async with proxy.post("/v1/completions", json={"prompt": "Hi", "stream": True}) as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+
+
+# --- client disconnects, slow clients, load shedding -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "payload", "phase"),
+    [
+        (Script(load_capture(SAMPLE), header_delay=5.0), codec_body(), "upstream_headers"),
+        (Script(load_capture(SAMPLE), stall_after_events=0, stall_seconds=5.0), codec_body(),
+         "first_token"),
+        (Script(load_capture(SAMPLE), header_delay=5.0), {"prompt": "Hi"}, "upstream_headers"),
+        (Script(load_capture(SAMPLE), stall_after_events=0, stall_seconds=5.0),
+         {"prompt": "Hi", "stream": True}, "first_byte"),
+    ],
+    ids=["codec-before-headers", "codec-before-first-token", "json-non-streaming",
+         "json-before-first-byte"],
+)  # fmt: skip
+async def test_client_disconnect_closes_the_upstream_request(
+    make_proxy: MakeProxy, upstream: FakeUpstream, script: Script, payload: object, phase: str
+) -> None:
+    upstream.script = script
+    proxy = await make_proxy()
+    request = asyncio.ensure_future(proxy.post("/v1/completions", json=payload))
+    await wait_for(lambda: len(upstream.requests) == 1)
+    request.cancel()  # the client goes away while the upstream is still thinking
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    await wait_for(lambda: upstream.outcomes == ["aborted"], seconds=2.0)
+    async with proxy.get("/metrics") as resp:
+        assert f'codec_proxy_client_disconnects_total{{phase="{phase}"}} 1.0' in await resp.text()
+
+
+async def test_slow_client_is_dropped_and_its_upstream_closed(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    # A long stream, and a client that reads the headers and then nothing at all.
+    # 64 MiB of SSE: far more than the socket buffers between us can hold.
+    capture = load_capture(SAMPLE)
+    event = b"data: " + json.dumps({"choices": [{"text": "x" * 1000, "index": 0}]}).encode()
+    long_body = (event + b"\n\n") * (64 * 1024)
+    upstream.script = Script(capture.__class__(200, "OK", capture.headers, long_body))
+    proxy = await make_proxy(write_timeout=0.5)
+    _reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    body = json.dumps({"prompt": "Hi", "stream": True}).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    transport = writer.transport
+    assert isinstance(transport, asyncio.ReadTransport)
+    transport.pause_reading()  # stop reading: the proxy's writes back up
+    await wait_for(lambda: upstream.outcomes == ["aborted"], seconds=10.0)
+    writer.close()
+    async with proxy.get("/metrics") as resp:
+        assert 'codec_proxy_timeouts_total{kind="write"} 1.0' in await resp.text()
+
+
+async def test_beyond_max_streams_is_503_with_retry_after(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(load_capture(SAMPLE), header_delay=1.0)
+    proxy = await make_proxy(max_streams=2)
+    first = [
+        asyncio.ensure_future(proxy.post("/v1/completions", json=codec_body())) for _ in range(2)
+    ]
+    await wait_for(lambda: len(upstream.requests) == 2)
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 503
+        assert resp.headers["Retry-After"] == "1"
+        assert (await resp.json())["error"]["code"] == "overloaded"
+    for task in first:
+        async with await task as resp:
+            assert resp.status == 200
+    assert len(upstream.requests) == 2
+
+
+# --- access, probes, observability ------------------------------------------------------------
+
+
+async def test_api_keys(make_proxy: MakeProxy, upstream: FakeUpstream) -> None:
+    proxy = await make_proxy(api_key=("k-one", "k-two"))
+    async with proxy.get("/v1/models") as resp:
+        assert resp.status == 401
+    async with proxy.get("/v1/models", headers={"Authorization": "Bearer k-wrong"}) as resp:
+        assert resp.status == 401
+    async with proxy.get("/v1/models", headers={"Authorization": "Bearer k-two"}) as resp:
+        assert resp.status == 200
+    # The key goes upstream unchanged, as every end-to-end header does.
+    assert upstream.requests[-1].headers["Authorization"] == "Bearer k-two"
+    for open_path in ("/livez", "/readyz", "/metrics", "/codec/schema"):
+        async with proxy.get(open_path) as resp:
+            assert resp.status == 200, open_path
+
+
+async def test_probes_are_answered_locally(proxy: ProxyClient, upstream: FakeUpstream) -> None:
+    for path in ("/livez", "/readyz"):
+        async with proxy.get(path) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("application/json")
+    assert upstream.requests == []
+
+
+async def test_metrics_and_access_log(
+    proxy: ProxyClient, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="codec_proxy.access")
+    headers = {"X-Request-Id": "req-42"}
+    async with proxy.post("/v1/completions", json=codec_body("protobuf"), headers=headers) as resp:
+        assert resp.headers["X-Request-Id"] == "req-42"
+        coding = resp.headers.get("Content-Encoding", "identity")  # the client accepts gzip, br
+        await resp.read()
+    async with proxy.post("/v1/completions", json={"prompt": "Hi", "stream": True}) as resp:
+        generated = resp.headers["X-Request-Id"]
+        await resp.read()
+    sent = [{k.lower(): v for k, v in r.headers.items()} for r in upstream.requests]
+    assert sent[0]["x-request-id"] == "req-42"
+    assert sent[1]["x-request-id"] == generated
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    for needle in (
+        'codec_proxy_requests_total{mode="codec",route="/v1/completions",status="200"} 1.0',
+        'codec_proxy_requests_total{mode="passthrough",route="/v1/completions",status="200"} 1.0',
+        'codec_proxy_tokens_total{format="protobuf"}',
+        f'codec_proxy_client_bytes_total{{encoding="{coding}",mode="codec"}}',
+        "codec_proxy_time_to_first_token_seconds_bucket",
+        "codec_proxy_overhead_seconds_bucket",
+    ):
+        assert needle in text, needle
+    lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
+    codec_line = next(line for line in lines if line["id"] == "req-42")
+    assert codec_line["mode"] == "codec"
+    assert codec_line["stream_format"] == "protobuf"
+    assert codec_line["status"] == 200
+    assert codec_line["tokens"] > 0
+    assert codec_line["ttft"] > 0
+    assert codec_line["outcome"] == "ok"

@@ -1,0 +1,87 @@
+"""Settings from file, environment and flags; every bad value stops the start with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy import config
+from proxy.core.errors import ConfigError
+from proxy.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
+    file = write(tmp_path, "c.toml", 'upstream = "http://a:1"\ntokenizer = "t.gguf"\nport = 1000\n'
+                 "idle_timeout = 5\nworkers = 2\n")  # fmt: skip
+    env = {"CODEC_PROXY_PORT": "2000", "CODEC_PROXY_IDLE_TIMEOUT": "7.5", "HOME": "/x"}
+    settings = config.load(file=file, env=env, flags={"port": 3000})
+    assert settings.port == 3000  # flag beats environment beats file
+    assert settings.idle_timeout == 7.5  # environment beats file
+    assert settings.workers == 2  # file beats default
+    assert settings.upstream == ("http://a:1",)
+    assert settings.tokenizer == Path("t.gguf")
+
+
+def test_yaml_and_lists(tmp_path: Path) -> None:
+    file = write(tmp_path, "c.yaml", "upstream:\n  - http://a:1\n  - http://b:2\ntokenizer: t\n")
+    assert config.load(file=file, env={}).upstream == ("http://a:1", "http://b:2")
+    env = {"CODEC_PROXY_UPSTREAM": "http://c:3, http://d:4", "CODEC_PROXY_TOKENIZER": "t"}
+    assert config.load(env=env).upstream == ("http://c:3", "http://d:4")
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ('upstreams = ["http://a"]', {}, r"c\.toml: unknown key 'upstreams'"),
+        ("ttft_timeout = -1", {}, r"'ttft_timeout' must be >= 0, got -1"),
+        ('port = "80"', {}, r"'port' must be an integer, got '80'"),
+        ("port = 70000", {}, r"'port' must be <= 65535"),
+        ("workers = true", {}, r"'workers' must be an integer, got True"),
+        ('log_format = "xml"', {}, r"'log_format' must be one of 'json', 'text', got 'xml'"),
+        ('upstream = "ftp://a"', {}, r"'upstream' must be an http:// or https:// URL"),
+        ("", {"CODEC_PROXY_IDLE_TIMEOUT": "soon"}, r"'CODEC_PROXY_IDLE_TIMEOUT' must be a number"),
+        ("", {"CODEC_PROXY_TYPO": "1"}, r"unknown variable 'CODEC_PROXY_TYPO'"),
+        ("[table", {}, r"c\.toml: not valid TOML"),
+    ],
+)
+def test_one_line_errors(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
+    base = 'upstream = "http://a:1"\ntokenizer = "t"\n'
+    if text.startswith(("upstream", "[")):
+        base = 'tokenizer = "t"\n'
+    file = write(tmp_path, "c.toml", base + text + "\n")
+    with pytest.raises(ConfigError, match=message) as caught:
+        config.load(file=file, env=env)
+    assert "\n" not in caught.value.message
+
+
+def test_required_keys_name_every_way_to_set_them() -> None:
+    with pytest.raises(ConfigError, match="--upstream, set CODEC_PROXY_UPSTREAM"):
+        config.load(env={"CODEC_PROXY_TOKENIZER": "t"})
+
+
+def test_secrets_never_printed(tmp_path: Path) -> None:
+    settings = config.load(env={"CODEC_PROXY_UPSTREAM": "http://a", "CODEC_PROXY_TOKENIZER": "t",
+                                "CODEC_PROXY_API_KEY": "sk-very-secret"})  # fmt: skip
+    assert settings.api_keys() == {"sk-very-secret"}
+    assert "sk-very-secret" not in repr(settings)
+    assert "sk-very-secret" not in config.describe(settings)
+
+
+def test_example_config_is_complete_and_current() -> None:
+    # Every setting with its default and help: regenerate with `codec-proxy config-example`.
+    path = REPO / "config" / "codec-proxy.example.toml"
+    assert path.read_text() == config.example_toml()
+    settings = config.load(file=path, env={})
+    defaults = Settings(upstream=("http://x",), tokenizer=Path("t"))
+    for name in config.setting_names():
+        if name not in ("upstream", "tokenizer"):
+            assert getattr(settings, name) == getattr(defaults, name), name

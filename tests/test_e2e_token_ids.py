@@ -1,0 +1,229 @@
+"""End to end on the real llama.cpp server (SmolLM2-135M): the model's own token IDs.
+
+Ground truth is what the model sampled: the same request to the native `/completion`,
+non-streamed, `return_tokens: true`, temperature 0, `cache_prompt: false`, same seed
+(environment.md "Ground-truth IDs"). On 20 chat-formatted prompts whose answers end with the
+end-of-turn token, retokenizing the streamed text cannot give the model's IDs back (that token
+is sampled but never rendered); the proxy's backend mode must. The figures are written to
+`.cache/reports/e2e-token-ids.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+
+from proxy import assets
+from proxy.core import codec_pb2
+from proxy.server import create_app
+from proxy.server.keys import Vocabulary
+from proxy.settings import Settings
+from tests.codec_client import codecai_frames, codecai_map, render
+from tests.server.conftest import AiohttpClient, ProxyClient
+from tests.server.support import frames_of, ids_of
+from tests.test_e2e_llamacpp import PROMPTS as GENERAL_PROMPTS
+
+pytestmark = pytest.mark.backend
+
+# Found on this server: each answer ends in <|im_end|> within MAX_TOKENS, and its streamed
+# logprob IDs cover its text (no multi-byte character).
+QUESTIONS = [
+    "Say hi.",
+    "What is 2+2?",
+    "What is the capital of Italy?",
+    "Say yes or no.",
+    "Give me one word.",
+    "Count to three.",
+    "What day comes after Monday?",
+    "Name a fruit.",
+    "What is 10 minus 3?",
+    "Name a planet.",
+    "What is the largest ocean?",
+    "Translate 'hello' to Spanish.",
+    "How many legs does a dog have?",
+    "What is the square root of 9?",
+    "What is the first letter of the alphabet?",
+    "Hello!",
+    "What is the capital of Japan?",
+    "How many days are in a week?",
+    "What color is the sun?",
+    "Good morning!",
+]
+MAX_TOKENS = 48
+EOS = 2
+
+
+def chat_prompt(question: str) -> str:
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def sampling(**extra: Any) -> dict[str, Any]:
+    return {"temperature": 0, "seed": 7, "cache_prompt": False, **extra}
+
+
+async def model_ids(base: str, prompt: str | list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
+    body = sampling(prompt=prompt, n_predict=max_tokens, return_tokens=True)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base}/completion", json=body) as resp:
+            assert resp.status == 200
+            tokens: list[int] = (await resp.json())["tokens"]
+    return tokens
+
+
+async def direct_text(base: str, path: str, body: dict[str, Any]) -> str:
+    """The generated text a JSON client gets for the same request."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base}{path}", json={**body, "stream": True}) as resp:
+            assert resp.status == 200
+            raw = await resp.read()
+    text = []
+    for event in raw.split(b"\n\n"):
+        data = event.removeprefix(b"data: ").strip()
+        if data and data != b"[DONE]" and (choices := json.loads(data)["choices"]):
+            choice = choices[0]
+            text.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
+
+
+async def codec(
+    proxy: ProxyClient, path: str, fmt: str = "msgpack", **kwargs: Any
+) -> tuple[str, list[int], bytes]:
+    async with proxy.post(path, **kwargs) as resp:
+        assert resp.status == 200, await resp.text()
+        raw = await resp.read()
+        source = resp.headers["Codec-Token-Source"]
+    return source, ids_of(frames_of(raw, fmt)), raw  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def make_real_proxy(
+    llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
+) -> Any:
+    async def make(mode: str) -> ProxyClient:
+        settings = Settings(
+            upstream=(llama_server,),
+            tokenizer=smollm2_vocabulary.loaded.source,
+            token_ids=mode,  # type: ignore[arg-type]
+        )
+        return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+
+    return make
+
+
+async def test_backend_ids_match_the_model_where_retokenizing_cannot(
+    make_real_proxy: Any, llama_server: str, smollm2_vocabulary: Vocabulary
+) -> None:
+    backend = await make_real_proxy("backend")
+    retokenize = await make_real_proxy("retokenize")
+    tokenizer_map = codecai_map(smollm2_vocabulary.loaded)
+    report: dict[str, list[dict[str, Any]]] = {"eos_prompts": [], "general_prompts": []}
+    for index, question in enumerate(QUESTIONS):
+        fmt = "protobuf" if index % 2 else "msgpack"
+        prompt = chat_prompt(question)
+        truth = await model_ids(llama_server, prompt)
+        body = sampling(prompt=prompt, max_tokens=MAX_TOKENS, stream_format=fmt)
+        source, ours, raw = await codec(backend, "/v1/completions", fmt, json=body)
+        _, retokenized, _ = await codec(retokenize, "/v1/completions", fmt, json=body)
+        text = await direct_text(llama_server, "/v1/completions", sampling(prompt=prompt))
+        assert source == "backend"
+        assert ours == truth, question
+        assert truth[-1] == EOS
+        assert retokenized != truth, question
+        assert render(tokenizer_map, await codecai_frames(raw, fmt)) == text
+        report["eos_prompts"].append({"prompt": question, "tokens": len(truth)})
+    # The streaming e2e prompts: backend IDs are never worse, and where they differ from the
+    # model it is only the tail llama.cpp never sends (max_tokens cut a character).
+    counts = {"backend": 0, "retokenized": 0}
+    for prompt in GENERAL_PROMPTS:
+        truth = await model_ids(llama_server, prompt)
+        body = sampling(prompt=prompt, max_tokens=MAX_TOKENS, stream_format="msgpack")
+        _, ours, _ = await codec(backend, "/v1/completions", json=body)
+        _, retokenized, _ = await codec(retokenize, "/v1/completions", json=body)
+        counts["backend"] += ours == truth
+        counts["retokenized"] += retokenized == truth
+        if ours != truth:
+            tail = smollm2_vocabulary.token_bytes.render(truth[len(ours) :])
+            assert truth[: len(ours)] == ours, prompt
+            assert tail is not None
+            with pytest.raises(UnicodeDecodeError):
+                b"".join(tail).decode()  # an incomplete character, never rendered
+        report["general_prompts"].append(
+            {"prompt": prompt, "backend": ours == truth, "retokenized": retokenized == truth}
+        )
+    assert counts["backend"] >= counts["retokenized"]
+    summary = {
+        "eos_prompts": {"backend_matches": len(QUESTIONS), "retokenized_matches": 0},
+        "general_prompts": counts | {"streams": len(GENERAL_PROMPTS)},
+    }
+    out = assets.cache_dir() / "reports" / "e2e-token-ids.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, **report}, indent=2, ensure_ascii=False))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "unreported"),
+    [
+        ("Emoji story: 🐱 + 🐶 =", 24, 0),  # each emoji: only its last byte token reported
+        ("日本の首都は", 4, 1),  # max_tokens cuts a character: its first byte never arrives
+    ],
+)
+async def test_under_reported_spans_are_retokenized_on_the_real_server(
+    make_real_proxy: Any, llama_server: str, prompt: str, max_tokens: int, unreported: int
+) -> None:
+    proxy = await make_real_proxy("backend")
+    truth = await model_ids(llama_server, prompt, max_tokens)
+    body = sampling(prompt=prompt, max_tokens=max_tokens, stream_format="msgpack")
+    source, ours, _ = await codec(proxy, "/v1/completions", json=body)
+    assert source == "backend"
+    # Every reported ID that checks out is kept; each emoji span is retokenized, which gives
+    # back what the model sampled; the cut character's byte was never sent at all.
+    assert ours == truth[: len(truth) - unreported]
+
+
+async def test_path_b_on_the_real_server(
+    make_real_proxy: Any, llama_server: str, smollm2_vocabulary: Vocabulary
+) -> None:
+    proxy = await make_real_proxy("auto")
+    prompt_ids = smollm2_vocabulary.loaded.tokenizer.encode(
+        "The capital of France is", add_special_tokens=False
+    ).ids
+    truth = await model_ids(llama_server, prompt_ids, 16)
+    request = codec_pb2.CodecRequest(prompt_ids=prompt_ids, max_tokens=16)
+    source, ours, _ = await codec(
+        proxy,
+        "/v1/completions/codec",
+        data=request.SerializeToString(),
+        headers={"Content-Type": "application/x-protobuf"},
+    )
+    # proto3: an absent temperature is 0.0, greedy, so the model's own IDs come back.
+    assert source == "backend"
+    assert ours == truth
+    body = msgpack.packb({"prompt_ids": prompt_ids, "max_tokens": 16, "temperature": 0})
+    _, again, _ = await codec(
+        proxy,
+        "/v1/completions/codec",
+        data=body,
+        headers={"Content-Type": "application/x-msgpack"},
+    )
+    assert again == truth
+
+
+async def test_chat_on_the_real_server(
+    make_real_proxy: Any, llama_server: str, smollm2_vocabulary: Vocabulary
+) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    body = sampling(messages=messages, max_tokens=32)
+    text = await direct_text(llama_server, "/v1/chat/completions", body)
+    for mode, fmt in [("auto", "msgpack"), ("retokenize", "protobuf")]:
+        proxy = await make_real_proxy(mode)
+        source, ours, raw = await codec(
+            proxy, "/v1/chat/completions", fmt, json={**body, "stream_format": fmt}
+        )
+        assert source == ("backend" if mode == "auto" else "retokenized")
+        rendered = render(codecai_map(smollm2_vocabulary.loaded), await codecai_frames(raw, fmt))
+        assert rendered == text
+        assert smollm2_vocabulary.loaded.tokenizer.decode(ours) == text

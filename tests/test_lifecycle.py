@@ -1,0 +1,241 @@
+"""The proxy as a process: SIGTERM drains, --workers shares a port and its metrics, and a client
+that leaves makes the real llama.cpp server stop generating within a second."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy import assets
+from proxy.core.frames import Frame, FrameDecoder
+from proxy.embedded import free_port
+from proxy.server import create_app
+from proxy.server.keys import Vocabulary
+from proxy.settings import Settings
+from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
+
+SAMPLE = "llamacpp-completions-sample.txt"
+
+
+class ProxyProcess:
+    def __init__(self, upstream: str, tokenizer: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--tokenizer",
+             str(tokenizer), "--port", str(self.port), "--log-format", "text",
+             # The fake upstream replays completions on every path, /tokenize too.
+             "--drift-check", "off", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"proxy did not become ready:\n{self.stop()[-3000:]}")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        out, _ = self.proc.communicate(timeout=30)
+        return out
+
+
+@pytest.fixture
+async def slow_upstream(aiohttp_server: AiohttpServer) -> tuple[FakeUpstream, str]:
+    fake = FakeUpstream()
+    server = await aiohttp_server(fake.app())
+    return fake, str(server.make_url("")).rstrip("/")
+
+
+StartProxy = Callable[..., ProxyProcess]
+
+
+@pytest.fixture
+def proxy_process(smollm2_gguf: Path) -> Iterator[StartProxy]:
+    """Start `codec-proxy serve` processes; they are killed at the end of the test."""
+    started: list[ProxyProcess] = []
+
+    def start(upstream: str, *extra: str) -> ProxyProcess:
+        started.append(ProxyProcess(upstream, smollm2_gguf, *extra))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+async def stream_frames(url: str, body: dict[str, object]) -> AsyncIterator[Frame]:
+    decoder = FrameDecoder("msgpack")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            async for chunk in resp.content.iter_any():
+                for frame in decoder.feed(chunk):
+                    yield frame
+
+
+async def test_sigterm_lets_in_flight_streams_finish_then_exits_0(
+    slow_upstream: tuple[FakeUpstream, str], proxy_process: StartProxy
+) -> None:
+    fake, url = slow_upstream
+    fake.script = Script(load_capture(SAMPLE), delay=0.03)  # about 2 s of streaming
+    proxy = proxy_process(url, "--drain-timeout", "20")
+    await asyncio.to_thread(proxy.wait_ready)
+    frames: list[Frame] = []
+    async for frame in stream_frames(proxy.url, {"prompt": "x", "stream_format": "msgpack"}):
+        if not frames:
+            proxy.proc.send_signal(signal.SIGTERM)  # mid-stream
+            await asyncio.sleep(0.3)
+            # Not accepting any more.
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with aiohttp.ClientSession() as session:
+                    await session.get(proxy.url + "/livez")
+        frames.append(frame)
+    assert frames[-1].done
+    assert frames[-1].finish_reason == "length"  # finished normally, not cut
+    assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
+
+
+async def test_drain_timeout_ends_the_rest_with_a_terminal_frame(
+    slow_upstream: tuple[FakeUpstream, str], proxy_process: StartProxy
+) -> None:
+    fake, url = slow_upstream
+    fake.script = Script(load_capture(SAMPLE), delay=0.5)  # far longer than the drain timeout
+    proxy = proxy_process(url, "--drain-timeout", "1")
+    await asyncio.to_thread(proxy.wait_ready)
+    frames: list[Frame] = []
+    signalled = 0.0
+    async for frame in stream_frames(proxy.url, {"prompt": "x", "stream_format": "msgpack"}):
+        if not frames:
+            proxy.proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+        frames.append(frame)
+    took = time.monotonic() - signalled
+    assert frames[-1].done
+    assert frames[-1].finish_reason == "error"
+    assert sum(f.done for f in frames) == 1
+    assert 0.8 < took < 6.0
+    assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
+
+
+async def test_two_workers_share_the_port_and_their_metrics(
+    slow_upstream: tuple[FakeUpstream, str], proxy_process: StartProxy
+) -> None:
+    _, url = slow_upstream
+    proxy = proxy_process(url, "--workers", "2")
+    await asyncio.to_thread(proxy.wait_ready)
+    requests = 30
+    for _ in range(requests):
+        # A new connection each time, so the kernel spreads them over both workers.
+        async with aiohttp.ClientSession() as session:
+            async with session.post(proxy.url + "/v1/completions", json={"prompt": "x"}) as resp:
+                assert resp.status == 200
+                await resp.read()
+    totals = set()
+    for _ in range(6):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(proxy.url + "/metrics") as resp:
+                text = await resp.text()
+        total = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("codec_proxy_requests_total{") and 'route="/v1/completions"' in line
+        )
+        totals.add(total)
+    # Whichever worker answers, it reports both workers' requests.
+    assert totals == {float(requests)}
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
+    out = proxy.stop()
+    assert out.count("worker") >= 1  # the supervisor announced its workers
+
+
+# --- the real backend: a client that leaves frees the llama.cpp slot ---------------------------
+
+
+async def slots_busy(llama_server: str) -> bool:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(llama_server + "/slots") as resp:
+            return any(slot.get("is_processing") for slot in await resp.json())
+
+
+@pytest.fixture
+async def real_proxy(
+    llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
+) -> ProxyClient:
+    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+
+
+LONG = {"max_tokens": 900, "temperature": 0.8, "ignore_eos": True, "cache_prompt": False}
+
+
+# llama.cpp notices a closed connection when it next writes to it: at the next token of a
+# streamed answer. It cannot notice during a prefill or while it computes a non-streamed answer
+# (measured without the proxy: a raw socket closed mid-prefill or mid non-streamed answer leaves
+# the slot busy until the work is done, SSE pings or not). The proxy closes its upstream
+# connection at once in every phase (tests/server/test_hardening.py); this shows the backend
+# then stops within a second wherever it can.
+@pytest.mark.backend
+@pytest.mark.parametrize(
+    ("body", "wait_for_bytes", "bound"),
+    [
+        ({"prompt": "Tell a story.", "stream_format": "msgpack", **LONG}, True, 1.0),
+        ({"prompt": "Tell a story.", "stream": True, **LONG}, True, 1.0),
+    ],
+    ids=["codec-mid-stream", "json-mid-stream"],
+)
+async def test_client_disconnect_frees_the_llamacpp_slot(
+    real_proxy: ProxyClient,
+    llama_server: str,
+    body: dict[str, object],
+    wait_for_bytes: bool,
+    bound: float,
+    request: pytest.FixtureRequest,
+) -> None:
+    async def client() -> None:
+        async with real_proxy.post("/v1/completions", json=body) as resp:
+            await resp.content.readany()
+            await asyncio.sleep(30)
+
+    task = asyncio.ensure_future(client())
+    deadline = time.monotonic() + 30
+    while not await slots_busy(llama_server):
+        assert time.monotonic() < deadline, "the backend never started"
+        await asyncio.sleep(0.05)
+    if wait_for_bytes:
+        await asyncio.sleep(0.5)  # generating, and bytes are flowing to the client
+    task.cancel()  # the client leaves
+    left = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    while await slots_busy(llama_server):
+        assert time.monotonic() - left < bound, "the llama.cpp slot kept generating"
+        await asyncio.sleep(0.02)
+    took = time.monotonic() - left
+    report = assets.cache_dir() / "reports" / "disconnect-slot-idle.json"
+    report.parent.mkdir(exist_ok=True)
+    figures = json.loads(report.read_text()) if report.exists() else {}
+    figures[request.node.callspec.id] = round(took, 3)
+    report.write_text(json.dumps(figures, indent=2))
