@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) -m proxy.assets
 	$(PY) bench/wire.py
 	$(PY) bench/throughput.py
+	$(PY) bench/load.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
