@@ -108,6 +108,22 @@ def process_cpu_seconds(pid: int) -> float:
     return (utime + stime) / CLOCK_TICKS
 
 
+def process_schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one), all threads (schedstat(5)).
+
+    Nanosecond clocks, unlike /proc/<pid>/stat's ticks: fine for one request. On a shared
+    machine the wait is how long other work kept the process from running, latency the
+    process did not cause.
+    """
+    running = waiting = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (task / "schedstat").read_text().split()
+            running += int(fields[0])
+            waiting += int(fields[1])
+    return running / 1e9, waiting / 1e9
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all processes on the machine spent busy (every core), from /proc/stat."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
@@ -118,6 +134,83 @@ def machine_busy_seconds() -> float:
 def self_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
+
+
+# --- processes seen from /proc --------------------------------------------------------------
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its live descendants (a supervisor's workers), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree = [pid]
+    for parent in tree:  # grows while it is walked: breadth first
+        tree.extend(sorted(children.get(parent, ())))
+    return tree
+
+
+def process_status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as a dict (`VmRSS`: "123456 kB", `Threads`: "3", ...)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def process_rss_bytes(pid: int) -> int:
+    """Resident memory (VmRSS) of one process."""
+    return int(process_status(pid)["VmRSS"].split()[0]) * 1024
+
+
+def open_fds(pid: int) -> list[str]:
+    """What each open file descriptor of a process points to (`socket:[inode]`, a path...)."""
+    targets = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            targets.append(os.readlink(fd))
+    return targets
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    local_port: int
+    remote_port: int
+    state: str  # proc(5) names: ESTABLISHED, LISTEN, CLOSE_WAIT, TIME_WAIT, ...
+
+
+_TCP_STATES = {
+    "01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+    "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
+}  # fmt: skip
+
+
+def tcp_sockets() -> dict[int, TcpSocket]:
+    """Every TCP socket of this network namespace by inode (/proc/net/tcp and tcp6).
+
+    Match them with `open_fds()` (`socket:[inode]`) to see which process holds which.
+    Sockets without an owner (TIME_WAIT) have inode 0 and are left out.
+    """
+    sockets = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                inode = int(fields[9])
+                if inode:
+                    sockets[inode] = TcpSocket(
+                        int(fields[1].rsplit(":", 1)[1], 16),
+                        int(fields[2].rsplit(":", 1)[1], 16),
+                        _TCP_STATES.get(fields[3], fields[3]),
+                    )
+    return sockets
 
 
 # --- child processes ------------------------------------------------------------------------
@@ -178,12 +271,13 @@ def cleanup_on_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def spawn(name: str, args: Sequence[str], log: Path) -> Child:
-    """`python <args>` from the repo root, output to `log`, in its own session."""
+def spawn(name: str, args: Sequence[str], log: Path, *, program: Path | None = None) -> Child:
+    """`python <args>` (or `<program> <args>`) from the repo root, output to `log`, in its own
+    session."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, *args],
+            [str(program or sys.executable), *args],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,

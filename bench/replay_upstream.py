@@ -1,13 +1,16 @@
-"""A fast fake backend for the throughput benchmark: replays one recorded SSE body, flat out.
+"""A fast fake backend for the benchmarks: replays one recorded SSE body, flat out or paced.
 
     python -m bench.replay_upstream BODY_FILE PORT [INTERVAL_MS]
 
 Every POST gets the recorded body back, one write per SSE event as llama.cpp writes them. With
 no interval (the default) it writes flat out: the upstream is never the bottleneck, so the
 proxy's CPU cost shows, and a busy proxy reads many events at once. With INTERVAL_MS it sleeps
-that long after each event, like a backend generating tokens, so the proxy reads them one by
-one. It runs in its own process (started by bench/throughput.py) so its CPU time is not the
-proxy's or the client's. The response headers are llama.cpp's (chunked `text/event-stream`).
+that long before each token event but the first, like a backend generating tokens, so the
+proxy reads them one by one; the final chunk and `[DONE]` follow the last token at once, as
+llama.cpp sends them. A request's `X-Replay-Interval-Ms` header (which the proxy forwards) sets
+the interval for that request alone. It runs in its own process (started by
+bench/throughput.py and bench/load.py) so its CPU time is not the proxy's or the client's. The
+response headers are llama.cpp's (chunked `text/event-stream`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import sys
 from pathlib import Path
 
 from aiohttp import web
+
+# Per-request pacing, so one upstream serves flat-out and paced streams side by side.
+PACE_HEADER = "X-Replay-Interval-Ms"
 
 HEADERS = {
     "Server": "llama.cpp",
@@ -41,16 +47,20 @@ def split_events(body: bytes) -> list[bytes]:
 def make_app(body: bytes, interval: float = 0.0) -> web.Application:
     events = split_events(body)
     assert b"".join(events) == body
+    # Pauses go between tokens only: none before the first, the final chunk or [DONE].
+    paced = [index > 0 and b'"finish_reason":null' in event for index, event in enumerate(events)]
 
     async def replay(request: web.Request) -> web.StreamResponse:
         await request.read()
+        pace = request.headers.get(PACE_HEADER)
+        pause = float(pace) / 1000 if pace is not None else interval
         response = web.StreamResponse(headers=HEADERS)
         response.enable_chunked_encoding()
         await response.prepare(request)
-        for event in events:
+        for event, pause_before in zip(events, paced, strict=True):
+            if pause and pause_before:
+                await asyncio.sleep(pause)
             await response.write(event)
-            if interval:
-                await asyncio.sleep(interval)
         await response.write_eof()
         return response
 
@@ -72,6 +82,9 @@ def main(argv: list[str]) -> None:
         host="127.0.0.1",
         port=port,
         access_log=None,
+        # bench/load.py opens 200 connections at once; the default backlog (128) would drop
+        # SYNs and add a 1 s retransmit to some of them.
+        backlog=1024,
         print=lambda *_: print(f"listening http://127.0.0.1:{port}", flush=True),
     )
 

@@ -667,7 +667,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {
             "modes": [dataclasses.asdict(mode) for mode in modes],
             "rounds": args.rounds,
-            "upstream_writes": "one write per SSE event; flat out, or sleeping interval_ms after",
+            "upstream_writes": "one write per SSE event; flat out, or interval_ms before each "
+            "token event but the first",
             "proxy": "python -m proxy serve (default settings, asyncio event loop)",
         },
         "targets": {

@@ -133,7 +133,7 @@ def run_worker(settings: Settings, index: int, banner: str = "") -> None:
     from proxy.server.runner import serve as serve_app
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
-    if index:  # a spawned worker starts with a fresh logging configuration
+    if settings.workers > 1:  # every worker is spawned, 0 too: logging starts unconfigured
         logs.configure(settings.log_format, settings.log_level)
     try:
         tokenizer = load_tokenizer(settings.tokenizer)

@@ -169,6 +169,9 @@ async def test_two_workers_share_the_port_and_their_metrics(
     assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
     out = proxy.stop()
     assert out.count("worker") >= 1  # the supervisor announced its workers
+    # Every worker logs, worker 0 included (a spawned process starts without logging set up).
+    access = [line for line in out.splitlines() if "codec_proxy.access" in line]
+    assert sum("route=/v1/completions" in line for line in access) == requests
 
 
 # --- the real backend: a client that leaves frees the llama.cpp slot ---------------------------

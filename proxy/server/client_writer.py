@@ -63,3 +63,5 @@ class ClientWriter:
     async def close(self) -> None:
         async with asyncio.timeout(self._timeout):
             await self._response.write_eof()
+        self._record.status = self._response.status
+        self._record.completed = True

@@ -191,9 +191,11 @@ async def stream_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespo
                 if exchange.response.status != 200:
                     # Before the stream starts the upstream's own error is the best answer.
                     return await relay_response(request, exchange)
-                response = await _serve(request, plan, exchange, asked_for_ids)
-                record.bytes_in = exchange.bytes_in
-                return response
+                try:
+                    return await _serve(request, plan, exchange, asked_for_ids)
+                finally:
+                    # Also when the client hangs up while the rest of the body is drained.
+                    record.bytes_in = exchange.bytes_in
     finally:
         active.dec()
 

@@ -51,6 +51,9 @@ class RequestRecord:
     # first_token, streaming. Labels client disconnects.
     phase: str = "reading_request"
     last_write: float | None = None
+    # The whole response has been written: whatever cancels the handler later (the client
+    # hanging up while we read the rest of the upstream's body) does not undo that.
+    completed: bool = False
 
     def wrote(self, nbytes: int, now: float | None = None) -> float | None:
         """Account a body write; return the gap since the previous one (None for the first)."""
@@ -66,6 +69,7 @@ class RequestRecord:
         fields = asdict(self)
         fields.pop("started")
         fields.pop("last_write")
+        fields.pop("completed")
         fields["duration"] = round(time.monotonic() - self.started, 6)
         if self.ttft is not None:
             fields["ttft"] = round(self.ttft, 6)
@@ -97,6 +101,9 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         record.status = response.status
         return response
     except (asyncio.CancelledError, ConnectionResetError) as exc:
+        if record.completed:
+            # Only the cleanup after a complete response was cut short: still a success.
+            raise
         # The client left (aiohttp cancels the handler; a write fails), or the drain ended it.
         shutdown = isinstance(exc, asyncio.CancelledError) and is_shutdown(exc)
         if record.outcome == "ok":

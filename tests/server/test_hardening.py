@@ -283,6 +283,40 @@ async def test_client_disconnect_closes_the_upstream_request(
         assert f'codec_proxy_client_disconnects_total{{phase="{phase}"}} 1.0' in await resp.text()
 
 
+async def test_client_leaving_after_the_whole_codec_stream_is_no_disconnect(
+    proxy: ProxyClient, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by bench/load.py: the terminal frame goes out at the finish event, then the proxy
+    # reads the upstream's [DONE] to reuse the connection. A client that hangs up as soon as it
+    # has the whole response (curl, a one-shot client) cancels that read; the request must
+    # still count as a 200, not as a 499 client disconnect.
+    caplog.set_level(logging.INFO, logger="codec_proxy.access")
+    capture = load_capture(SAMPLE)
+    upstream.script = Script(capture, stall_after_events=len(capture.events) - 1, stall_seconds=5)
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    body = json.dumps(codec_body()).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    raw = b""
+    while not raw.endswith(b"\r\n0\r\n\r\n"):  # the last chunk of a chunked body
+        raw += await asyncio.wait_for(reader.read(65536), 5)
+    writer.close()  # gone, the moment the response is complete
+    await wait_for(lambda: upstream.outcomes == ["aborted"])  # the proxy stopped reading [DONE]
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    assert 'codec_proxy_requests_total{mode="codec",route="/v1/completions",status="200"} 1.0' in (
+        text
+    )
+    assert "codec_proxy_client_disconnects_total{" not in text
+    fields = [getattr(r, "fields", {}) for r in caplog.records]
+    lines = [line for line in fields if line.get("mode") == "codec"]
+    assert [(line["status"], line["outcome"]) for line in lines] == [(200, "ok")]
+    assert lines[0]["bytes_in"] > 0
+
+
 async def test_slow_client_is_dropped_and_its_upstream_closed(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:
