@@ -89,6 +89,9 @@ class Target:
 TARGETS = (
     Target("kustomize/standalone", "standalone", tokenizer_in_image=True),
     Target("kustomize/sidecar", "sidecar"),
+    Target("helm/defaults", "standalone"),
+    Target("helm/standalone", "standalone"),
+    Target("helm/sidecar", "sidecar"),
 )
 
 
