@@ -22,6 +22,7 @@ run: $(STAMP)
 ## Exactly what CI runs after lint.
 test: $(STAMP)
 	$(PY) -m proxy.assets --tests
+	$(PY) -m deploy.tools
 	$(PY) -m pytest
 
 lint: $(STAMP)

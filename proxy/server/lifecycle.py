@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 # The message a stream's task is cancelled with when the drain timeout ran out: the stream
 # tells this apart from a client that left, and ends with a terminal frame instead.
 SHUTDOWN = "codec-proxy: drain timeout reached, ending the stream"
+# How long streams cut at the drain timeout get to write their terminal frame.
+CANCEL_GRACE = 5.0
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Lifecycle:
         for task in left:
             task.cancel(SHUTDOWN)
         if left:
-            await asyncio.wait(left, timeout=5.0)
+            await asyncio.wait(left, timeout=CANCEL_GRACE)
         return len(left)
 
 

@@ -21,6 +21,11 @@ from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
 
+# After the drain, how long aiohttp may take closing what is left. With lifecycle.CANCEL_GRACE
+# this is what a process may need beyond `drain_timeout` after SIGTERM (deploy/ sizes
+# terminationGracePeriodSeconds with it).
+SHUTDOWN_GRACE = 5.0
+
 
 async def serve(
     app: web.Application,
@@ -36,7 +41,7 @@ async def serve(
         # request, so the backend stops generating (peers.md A7).
         handler_cancellation=True,
         access_log=None,
-        shutdown_timeout=5.0,
+        shutdown_timeout=SHUTDOWN_GRACE,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port, backlog=1024)

@@ -1,0 +1,1 @@
+"""Deployment files (container, Kubernetes, Helm, ingress) and the tools that check them."""
