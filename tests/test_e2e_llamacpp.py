@@ -25,6 +25,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from proxy import assets
+from proxy.core.token_source import TokenIdMode
 from proxy.embedded import free_port
 from proxy.server import create_app
 from proxy.server.keys import Vocabulary
@@ -114,21 +115,34 @@ def mismatch_class(tokenizer: Tokenizer, ours: list[int], model: list[int], text
     raise AssertionError(f"unexplained mismatch: {ours} vs {model} for {text!r}")
 
 
+async def proxy_with(
+    token_ids: TokenIdMode, llama_server: str, vocabulary: Vocabulary, client: AiohttpClient
+) -> ProxyClient:
+    settings = Settings(
+        upstream=(llama_server,), tokenizer=vocabulary.loaded.source, token_ids=token_ids
+    )
+    return await client(create_app(settings, vocabulary))
+
+
 @pytest.fixture
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    # These tests measure the retokenizer; backend IDs are tests/test_e2e_token_ids.py's.
-    settings = Settings(
-        upstream=(llama_server,),
-        tokenizer=smollm2_vocabulary.loaded.source,
-        token_ids="retokenize",
-    )
-    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+    # These tests measure the retokenizer; backend IDs are compared below and in
+    # tests/test_e2e_token_ids.py.
+    return await proxy_with("retokenize", llama_server, smollm2_vocabulary, aiohttp_client)
+
+
+@pytest.fixture
+async def backend_proxy(
+    llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
+) -> ProxyClient:
+    return await proxy_with("backend", llama_server, smollm2_vocabulary, aiohttp_client)
 
 
 async def test_codec_text_equals_direct_json_text_on_20_prompts(
     real_proxy: ProxyClient,
+    backend_proxy: ProxyClient,
     llama_server: str,
     smollm2_vocabulary: Vocabulary,
 ) -> None:
@@ -149,11 +163,22 @@ async def test_codec_text_equals_direct_json_text_on_20_prompts(
         ours = [i for f in frames for i in f.ids]
         assert ours == tokenizer.encode(expected_text, add_special_tokens=False).ids
         same = ours == model_ids
+        backend_body = request_body(prompt, stream_format="msgpack")
+        async with backend_proxy.post("/v1/completions", json=backend_body) as resp:
+            backend = [i for f in await codecai_frames(await resp.read(), "msgpack") for i in f.ids]
+        if backend != model_ids:
+            # Only the tail llama.cpp never sends: the bytes of a character max_tokens cut.
+            assert model_ids[: len(backend)] == backend, prompt
+            tail = smollm2_vocabulary.token_bytes.render(model_ids[len(backend) :])
+            assert tail is not None
+            with pytest.raises(UnicodeDecodeError):
+                b"".join(tail).decode()
         report.append(
             {
                 "prompt": prompt,
                 "format": fmt,
                 "ids_identical": same,
+                "backend_ids_identical": backend == model_ids,
                 "mismatch": None
                 if same
                 else mismatch_class(tokenizer, ours, model_ids, expected_text),
@@ -162,15 +187,23 @@ async def test_codec_text_equals_direct_json_text_on_20_prompts(
             }
         )
     matched = sum(bool(r["ids_identical"]) for r in report)
+    backend_matched = sum(bool(r["backend_ids_identical"]) for r in report)
     classes = Counter(str(r["mismatch"]) for r in report if r["mismatch"])
     out = assets.cache_dir() / "reports" / "e2e-id-match.json"
     out.parent.mkdir(exist_ok=True)
-    summary = {"streams": len(report), "identical": matched, "mismatch_classes": classes}
+    summary = {
+        "streams": len(report),
+        "identical": matched,
+        "backend_identical": backend_matched,
+        "mismatch_classes": classes,
+    }
     out.write_text(
         json.dumps({"summary": summary, "streams": report}, indent=2, ensure_ascii=False)
     )
     # Most streams must match exactly: a broken retokenizer would not get close.
     assert matched >= len(PROMPTS) // 2
+    # The backend's own IDs are never worse than retokenized text.
+    assert backend_matched >= matched
 
 
 async def test_json_passthrough_matches_direct_on_the_real_server(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.core.dictionaries import ZstdDictionaries, is_sha256_hex, vocabulary_sha256
+from proxy.core.dictionaries import ZstdDictionaries, is_sha256_hex
 from proxy.dictionaries.load import load_dictionaries
 from proxy.server.keys import ZSTD_DICTIONARIES, Vocabulary
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST, Settings
@@ -19,7 +19,7 @@ def load_app_dictionaries(settings: Settings, vocabulary: Vocabulary) -> ZstdDic
     return load_dictionaries(
         manifest,
         settings.zstd_dicts,
-        vocabulary_sha256=vocabulary_sha256(vocabulary.loaded.tokenizer.get_vocab(True)),
+        vocabulary_sha256=vocabulary.vocabulary_sha256,
         # The shipped manifest may be absent (an installed wheel); one named in settings may not.
         manifest_required=manifest is not None and manifest != DEFAULT_DICTIONARIES_MANIFEST,
     )

@@ -7,7 +7,7 @@ from functools import cached_property
 
 from aiohttp import web
 
-from proxy.core.dictionaries import ZstdDictionaries
+from proxy.core.dictionaries import ZstdDictionaries, vocabulary_sha256
 from proxy.core.readiness import Readiness
 from proxy.core.retokenizer import RetokenizerScheme
 from proxy.core.safety.policy import SafetyPolicy
@@ -46,6 +46,11 @@ class Vocabulary:
     def map_content(self) -> MapContent:
         """The tokenizer's map fields, read once (seconds for a Llama-3-sized vocabulary)."""
         return content_of(self.loaded)
+
+    @cached_property
+    def vocabulary_sha256(self) -> str:
+        """Which zstd dictionaries fit this vocabulary (core/dictionaries.py), hashed once."""
+        return vocabulary_sha256(self.loaded.tokenizer.get_vocab(True))
 
 
 SETTINGS = web.AppKey("settings", Settings)
