@@ -18,6 +18,7 @@ from typing import Literal
 
 import orjson
 
+from proxy.core.content_coding import parse_accept_encoding, weight
 from proxy.core.map_ids import CONTENT_ADDRESSED_PREFIX, map_id_problem
 from proxy.core.tokenizer_map import PublishedMap
 
@@ -130,24 +131,6 @@ def if_none_match(header: str | None, tag: str) -> bool:
     return False
 
 
-def _accepted(accept_encoding: str) -> dict[str, float]:
-    accepted: dict[str, float] = {}
-    for item in accept_encoding.split(","):
-        coding, *params = (part.strip() for part in item.split(";"))
-        if not coding:
-            continue
-        q = 1.0
-        for param in params:
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0
-        accepted[coding.lower()] = q
-    return accepted
-
-
 def choose_coding(accept_encoding: str | None) -> Coding | None:
     """The content coding for a discovery reply: br or gzip if accepted (q > 0), else identity.
 
@@ -156,11 +139,9 @@ def choose_coding(accept_encoding: str | None) -> Coding | None:
     """
     if not accept_encoding:
         return None
-    accepted = _accepted(accept_encoding)
-    wildcard = accepted.get("*", 0.0)
+    accepted = parse_accept_encoding(accept_encoding)
     ranked = [
-        (accepted.get(coding, wildcard), -rank, coding)
-        for rank, coding in enumerate(CODING_PREFERENCE)
+        (weight(accepted, coding), -rank, coding) for rank, coding in enumerate(CODING_PREFERENCE)
     ]
     q, _, coding = max(ranked)
     return coding if q > 0 else None
