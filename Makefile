@@ -36,7 +36,7 @@ format: $(STAMP)
 
 ## Regenerate the protobuf classes from proxy/codec.proto (never edit the output by hand).
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Iproxy --python_out=proxy/core --pyi_out=proxy/core proxy/codec.proto
+	$(PY) -m grpc_tools.protoc -Iproxy --python_out=proxy/core/wire --pyi_out=proxy/core/wire proxy/codec.proto
 
 bench: $(STAMP)
 	$(PY) -m proxy.assets

@@ -62,8 +62,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from proxy import assets  # noqa: E402
-from proxy.core.chunks import parse_completion_chunk  # noqa: E402
-from proxy.core.compressors import (  # noqa: E402
+from proxy.core.compression.compressors import (  # noqa: E402
     BrotliCompressor,
     CompressionLevels,
     GzipCompressor,
@@ -71,12 +70,14 @@ from proxy.core.compressors import (  # noqa: E402
     ZstdCompressor,
     new_compressor,
 )
-from proxy.core.content_coding import ContentCoding  # noqa: E402
-from proxy.core.dictionaries import LoadedZstdDictionary, ZstdDictionaries  # noqa: E402
-from proxy.core.flush import FlushConfig, FlushPolicy, merge_frames  # noqa: E402
-from proxy.core.frames import Frame, FrameDecoder, FrameEncoder, encoder_for  # noqa: E402
-from proxy.core.retokenizer import RetokenizerScheme  # noqa: E402
-from proxy.core.transcode import CodecTranscoder  # noqa: E402
+from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries  # noqa: E402
+from proxy.core.compression.flush import FlushConfig, FlushPolicy, merge_frames  # noqa: E402
+from proxy.core.http.content_coding import ContentCoding  # noqa: E402
+from proxy.core.stream.chunks import parse_completion_chunk  # noqa: E402
+from proxy.core.stream.retokenizer import RetokenizerScheme  # noqa: E402
+from proxy.core.stream.transcode import CodecTranscoder  # noqa: E402
+from proxy.core.wire.decoder import FrameDecoder  # noqa: E402
+from proxy.core.wire.frames import Frame, FrameEncoder, encoder_for  # noqa: E402
 from proxy.dictionaries.load import load_dictionaries  # noqa: E402
 from proxy.embedded import EmbeddedBackend, free_port  # noqa: E402
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST, Settings  # noqa: E402
@@ -214,7 +215,7 @@ class Read:
 def transcode(trace: Trace, scheme: RetokenizerScheme) -> list[Read]:
     transcoder = CodecTranscoder(scheme, parse_completion_chunk)
     reads = [Read(t, tuple(transcoder.feed(event))) for t, event in trace.events]
-    reads.append(Read(trace.events[-1][0], tuple(transcoder.end_of_upstream())))
+    reads.append(Read(trace.events[-1][0], tuple(transcoder.flush())))
     return [read for read in reads if read.frames]
 
 
@@ -250,7 +251,7 @@ def simulate(
         sent = merge_frames(frames) if merge else frames
         wall0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
         data = b"".join([compressor.feed(encoder.encode(frame)) for frame in sent])
-        data += compressor.finish() if last else compressor.flush()
+        data += compressor.flush() if last else compressor.sync()
         into.cpu_ns += time.thread_time_ns() - cpu0
         cost_ms = (time.perf_counter_ns() - wall0) / 1e6
         into.bytes += len(data)

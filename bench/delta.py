@@ -6,7 +6,7 @@ The token stream is real text tokenized with the model's tokenizer (default: the
 SmolLM2's): Python's own documentation (`pydoc_data.topics`, shipped with CPython, PSF
 license). Frames are cut every K tokens (K = 1 is what the proxy sends when the backend streams
 one token per chunk, larger K when reads batch several chunks), each stream ends with a
-terminal frame, and every encoder is the proxy's own (proxy/core/frames.py).
+terminal frame, and every encoder is the proxy's own (proxy/core/wire/frames.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import itertools
 from pathlib import Path
 from pydoc_data.topics import topics
 
-from proxy.core.frames import Frame, FrameEncoder, encoder_for
+from proxy.core.wire.frames import Frame, FrameEncoder, encoder_for
 
 FRAME_SIZES = (1, 2, 4, 8, 16, 64)
 FORMATS = ("msgpack", "msgpack-delta", "protobuf")

@@ -96,13 +96,13 @@ from bench._common import (
 from bench.replay_upstream import PACE_HEADER, split_events
 from bench.throughput import Scenario, Stream, recorded_stream, synthetic_stream
 from proxy import assets
-from proxy.core.chunks import parse_completion_chunk
-from proxy.core.frames import FrameDecodeError, FrameDecoder
-from proxy.core.retokenizer import RetokenizerScheme
-from proxy.core.transcode import CodecTranscoder
+from proxy.core.stream.chunks import parse_completion_chunk
+from proxy.core.stream.retokenizer import RetokenizerScheme
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.wire.decoder import FrameDecodeError, FrameDecoder
 from proxy.embedded import free_port
-from proxy.server.keys import Vocabulary
 from proxy.tokenizers import load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 
 # The targets: reported next to the figures, never asserted.
 TARGET_ADDED_TTFT_P50_MS = 2.0

@@ -1,7 +1,7 @@
 """CPU cost per token of the sans-IO pipeline alone (no HTTP), with a per-stage breakdown.
 
 Used by bench/throughput.py (its "pipeline" part). One upstream SSE body is fed to
-`CodecTranscoder` the way `proxy/server/codec_stream.py` does it (feed each chunk, encode the
+`CodecTranscoder` the way `CodecBody` (proxy/core/bodies.py) does it (feed each chunk, encode the
 frames it returns, join them into one write), cut into chunks in two realistic ways:
 
 - `event`: one SSE event per chunk, what a proxy sees when the backend generates slower than
@@ -36,12 +36,12 @@ from typing import Any, cast
 from tokenizers import Encoding, Tokenizer
 
 from bench.replay_upstream import split_events
-from proxy.core import chunks as chunks_module
-from proxy.core.chunks import ChunkResult, parse_completion_chunk
-from proxy.core.frames import Frame, FrameEncoder, encoder_for
-from proxy.core.retokenizer import Retokenizer, RetokenizerScheme
-from proxy.core.sse import SSEDecoder
-from proxy.core.transcode import CodecTranscoder
+from proxy.core.stream import chunks as chunks_module
+from proxy.core.stream.chunks import ChunkResult, parse_completion_chunk
+from proxy.core.stream.retokenizer import Retokenizer, RetokenizerScheme
+from proxy.core.stream.sse import SSEDecoder
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.wire.frames import Frame, FrameEncoder, encoder_for
 
 CHUNK_16K = 16 * 1024
 FORMATS = ("msgpack", "protobuf")
@@ -144,7 +144,7 @@ def trace(scheme: RetokenizerScheme, chunks: list[bytes]) -> Trace:
     try:
         transcoder = CodecTranscoder(recording, parse)
         groups = [transcoder.feed(chunk) for chunk in chunks]
-        groups.append(transcoder.end_of_upstream())
+        groups.append(transcoder.flush())
     finally:
         Retokenizer.feed, Retokenizer.flush = original_feed, original_flush  # type: ignore[method-assign]
     frames = [frame for group in groups for frame in group]
@@ -207,7 +207,7 @@ def measure_chunking(
         transcoder = CodecTranscoder(scheme, parse_completion_chunk)
         for chunk in chunks:
             transcoder.feed(chunk)
-        transcoder.end_of_upstream()
+        transcoder.flush()
 
     def encode_with(encoder: FrameEncoder) -> Callable[[], None]:
         def encode() -> None:
@@ -217,14 +217,14 @@ def measure_chunking(
         return encode
 
     def pipeline_with(encoder: FrameEncoder) -> Callable[[], None]:
-        # Exactly what codec_stream._pump/_write do per upstream chunk, minus the IO.
+        # Exactly what CodecBody.feed does per upstream chunk, minus the IO.
         def pipeline() -> None:
             transcoder = CodecTranscoder(scheme, parse_completion_chunk)
             for chunk in chunks:
                 frames = transcoder.feed(chunk)
                 if frames:
                     b"".join([encoder.encode(frame) for frame in frames])
-            frames = transcoder.end_of_upstream()
+            frames = transcoder.flush()
             if frames:
                 b"".join([encoder.encode(frame) for frame in frames])
 

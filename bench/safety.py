@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 
 from proxy import assets
-from proxy.core.chunks import parse_completion_chunk
 from proxy.core.guard import StreamGuard
+from proxy.core.http.versioning import V0_4
 from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedIds, PolicedText
-from proxy.core.transcode import CodecTranscoder
-from proxy.core.versioning import V0_4
-from proxy.server.keys import Vocabulary
+from proxy.core.stream.chunks import parse_completion_chunk
+from proxy.core.stream.transcode import CodecTranscoder
 from proxy.server.policy_file import read_policy_file
 from proxy.tokenizers import load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 
 REPO = Path(__file__).resolve().parent.parent
 CAPTURE = REPO / "tests" / "fixtures" / "upstream" / "llamacpp-completions-sample.txt"

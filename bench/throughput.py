@@ -65,10 +65,10 @@ from bench._common import (
 from bench.pipeline import run_pipeline
 from bench.replay_upstream import split_events
 from proxy import assets
-from proxy.core.frames import FrameDecodeError, FrameDecoder
+from proxy.core.wire.decoder import FrameDecodeError, FrameDecoder
 from proxy.embedded import EmbeddedBackend, free_port
-from proxy.server.keys import Vocabulary
 from proxy.tokenizers import load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 
 STREAM_TOKENS = 512
 RECORD_PROMPT = "Write a detailed guide to growing tomatoes at home.\n\n"

@@ -57,15 +57,16 @@ from bench._common import (
 )
 from bench.replay_upstream import split_events
 from proxy import assets
-from proxy.core.chunks import parse_completion_chunk
-from proxy.core.frames import Frame, FrameDecoder, encoder_for
-from proxy.core.retokenizer import RetokenizerScheme
-from proxy.core.transcode import CodecTranscoder
+from proxy.core.stream.chunks import parse_completion_chunk
+from proxy.core.stream.retokenizer import RetokenizerScheme
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.wire.decoder import FrameDecoder
+from proxy.core.wire.frames import Frame, encoder_for
 from proxy.embedded import EmbeddedBackend, free_port
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 
 LENGTHS = (32, 256, 1024)
 QUICK_LENGTHS = (32,)
@@ -319,7 +320,7 @@ def codec_one_read_per_event(stream_format: Literal["msgpack", "protobuf"]) -> M
         frames: list[Frame] = []
         for event in split_events(source):
             frames += transcoder.feed(event)
-        frames += transcoder.end_of_upstream()
+        frames += transcoder.flush()
         wire = b"".join(encoder.encode(frame) for frame in frames)
         ids = [token_id for frame in frames for token_id in frame.ids]
         done = [index for index, frame in enumerate(frames) if frame.done]

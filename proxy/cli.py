@@ -126,11 +126,12 @@ def run_proxy(settings: Settings, *, banner: str = "") -> None:
 
 def run_worker(settings: Settings, index: int, banner: str = "") -> None:
     """One serving process (the only one, or one of `--workers N`)."""
-    from proxy.core.dictionaries import DictionaryError
+    from proxy.core.compression.dictionaries import DictionaryError
     from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
-    from proxy.server.keys import TOKENIZER_MAP, VOCABULARY
+    from proxy.server.keys import VOCABULARY
     from proxy.server.runner import serve as serve_app
+    from proxy.server.well_known import TOKENIZER_MAP
     from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
     if settings.workers > 1:  # every worker is spawned, 0 too: logging starts unconfigured

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 from tokenizers.decoders import DecodeStream
 
-from proxy.core.frames import FrameDecoder
+from proxy.core.wire.decoder import FrameDecoder
 
 
 def _tokenizer_path(args: argparse.Namespace) -> Path:

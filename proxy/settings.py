@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.core.token_source import TokenIdMode
+from proxy.core.http.upgrade import VersionPolicyMode
+from proxy.core.stream.token_source import TokenIdMode
 
 MiB = 1 << 20
 # The trained dictionaries shipped with the proxy (dictionaries/manifest.json).
@@ -123,7 +124,7 @@ class Settings:
         300.0, help="seconds between drift checks after the one at start", minimum=1
     )
     # Retokenizing cannot recover a non-canonical split or an unrendered end-of-turn token; the
-    # backend's sampled IDs can (proxy/core/token_source.py, docs/ENDPOINTS.md).
+    # backend's sampled IDs can (proxy/core/stream/token_source.py, docs/ENDPOINTS.md).
     token_ids: TokenIdMode = option(
         "auto",
         help="where frame IDs come from: auto (backend's when it sends them), backend, retokenize",
@@ -137,7 +138,7 @@ class Settings:
     enforce_safety_policy: bool = option(
         False, help="answer Codec clients below 0.4 with 426 (needs safety_policy)"
     )
-    version_policy: Literal["off", "advisory", "strict"] = option(
+    version_policy: VersionPolicyMode = option(
         "off", help="off; advisory: log clients below 0.4; strict: 426 below 0.4"
     )
     deployment_id: str | None = option(None, help="named in 426 bodies and the version policy")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import brotli
 import zstandard
 
-from proxy.core.dictionaries import ZstdDictionaries
+from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.dictionaries.load import load_dictionaries
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST
 

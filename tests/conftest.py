@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, settings
 
 from proxy import assets
 from proxy.embedded import EmbeddedBackend
-from proxy.server.keys import Vocabulary
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 
 # `ci` keeps the whole of `make test` within its 15-minute budget on 2 cores; run the deep profile
 # (HYPOTHESIS_PROFILE=deep) after touching a parser or the retokenizer.

@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from proxy.core.dict_samples import MAX_TOKENS, MIN_TOKENS, sample_streams, stream_frames
-from proxy.core.dictionaries import (
+from proxy.core.compression.dict_samples import (
+    MAX_TOKENS,
+    MIN_TOKENS,
+    sample_streams,
+    stream_frames,
+)
+from proxy.core.compression.dictionaries import (
     DictionaryError,
     LoadedZstdDictionary,
     ZstdDictionaries,
@@ -20,7 +25,8 @@ from proxy.core.dictionaries import (
     sha256_hex,
     vocabulary_sha256,
 )
-from proxy.core.frames import FrameDecoder, encoder_for
+from proxy.core.wire.decoder import FrameDecoder
+from proxy.core.wire.frames import encoder_for
 from proxy.dictionaries.load import load_dictionaries
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST
 from proxy.tokenizers import LoadedTokenizer

@@ -24,9 +24,10 @@ import pytest
 from proxy import assets
 from proxy.server import create_app
 from proxy.server.drift import DRIFT_MONITOR
-from proxy.server.keys import TOKENIZER_MAP, Vocabulary
+from proxy.server.well_known import TOKENIZER_MAP
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames
 from tests.server.conftest import AiohttpClient, ProxyClient, app_of
 from tests.test_e2e_llamacpp import direct_stream, request_body

@@ -13,10 +13,10 @@ import asyncio
 import codecai
 import pytest
 
-from proxy.core.frames import FrameDecoder
+from proxy.core.wire.decoder import FrameDecoder
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.compression_support import CODINGS, decompress_whole, incremental_decompressor
 from tests.server.conftest import AiohttpClient, ProxyClient

@@ -25,11 +25,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from proxy import assets
-from proxy.core.token_source import TokenIdMode
+from proxy.core.stream.token_source import TokenIdMode
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.server.conftest import AiohttpClient, ProxyClient
 

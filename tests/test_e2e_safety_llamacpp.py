@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames
 from tests.core.safety.support import descriptor
 from tests.server.conftest import AiohttpClient, ProxyClient

@@ -18,10 +18,10 @@ import msgpack
 import pytest
 
 from proxy import assets
-from proxy.core import codec_pb2
+from proxy.core.wire import codec_pb2
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.server.support import frames_of, ids_of

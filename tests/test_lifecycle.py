@@ -17,11 +17,12 @@ import aiohttp
 import pytest
 
 from proxy import assets
-from proxy.core.frames import Frame, FrameDecoder
+from proxy.core.wire.decoder import FrameDecoder
+from proxy.core.wire.frames import Frame
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
 

@@ -79,7 +79,7 @@ class UpgradeRequired(ProxyError):
     """The client's Codec version is below what this deployment enforces (426).
 
     Carries the complete response (codec-spec.md §6, "426 response"), built by
-    `proxy.core.upgrade`, because clients parse its exact body and headers.
+    `proxy.core.http.upgrade`, because clients parse its exact body and headers.
     """
 
     status_hint = 426

@@ -4,7 +4,7 @@
 terminal frame, the last, no empty non-terminal frames). It applies, in one place for every
 Codec stream:
 
-* the finish-reason floor (proxy/core/versioning.py): `policy_violation` reaches only clients
+* the finish-reason floor (proxy/core/http/versioning.py): `policy_violation` reaches only clients
   at 0.4 or above; older ones get `error` (codec-spec.md §2, §6);
 * the safety policy, when one is enabled (codec-spec.md §8): IDs are released as the matcher
   clears them; `redact` swaps spans for placeholder IDs; `stop` ends the stream at once with a
@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
-from proxy.core import finish
-from proxy.core.frames import Frame
+from proxy.core.http.versioning import ClientVersion, finish_reason_for
 from proxy.core.safety.stream import PolicedIds
-from proxy.core.tool_calls import ToolCall
-from proxy.core.transcode import StreamOutcome
-from proxy.core.versioning import ClientVersion, finish_reason_for
+from proxy.core.stream.transcode import StreamOutcome
+from proxy.core.wire import finish
+from proxy.core.wire.frames import Frame
+from proxy.core.wire.tool_calls import ToolCall
 
 
 class FrameSource(Protocol):
@@ -39,7 +39,7 @@ class FrameSource(Protocol):
 
     def feed(self, data: bytes) -> list[Frame]: ...
 
-    def end_of_upstream(self) -> list[Frame]: ...
+    def flush(self) -> list[Frame]: ...
 
     def fail(self, error: str) -> list[Frame]: ...
 
@@ -78,8 +78,8 @@ class StreamGuard:
     def feed(self, data: bytes) -> list[Frame]:
         return self._guard(self._source.feed(data))
 
-    def end_of_upstream(self) -> list[Frame]:
-        return self._guard(self._source.end_of_upstream())
+    def flush(self) -> list[Frame]:
+        return self._guard(self._source.flush())
 
     def fail(self, error: str) -> list[Frame]:
         return self._guard(self._source.fail(error))

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from proxy.core.dictionaries import (
+from proxy.core.compression.dictionaries import (
     WIRE_FORMATS,
     DictionaryError,
     LoadedZstdDictionary,

@@ -5,7 +5,7 @@
 
 The corpus (text files, or a directory of them; gzip-compressed files are read as text) is
 tokenized with the model's tokenizer and cut into sample streams built with the proxy's own
-frame encoders (core/dict_samples.py). 80% of the streams train the dictionary
+frame encoders (core/compression/dict_samples.py). 80% of the streams train the dictionary
 (`zstandard.train_dictionary`, one thread and a dictionary ID derived from the samples, so the
 same inputs give the same bytes); the held-out 20% measure it against zstd without one. The
 dictionary is written to FILE and its entry to `manifest.json` beside it.
@@ -27,9 +27,9 @@ from typing import Any
 
 import zstandard
 
-from proxy.core.compressors import ZstdCompressor
-from proxy.core.dict_samples import sample_streams
-from proxy.core.dictionaries import (
+from proxy.core.compression.compressors import ZstdCompressor
+from proxy.core.compression.dict_samples import sample_streams
+from proxy.core.compression.dictionaries import (
     DEFAULT_ZSTD_LEVEL,
     LoadedZstdDictionary,
     ManifestEntry,
@@ -38,7 +38,7 @@ from proxy.core.dictionaries import (
     sha256_hex,
     vocabulary_sha256,
 )
-from proxy.core.frames import encoder_for
+from proxy.core.wire.frames import encoder_for
 from proxy.dictionaries.load import MANIFEST_NAME
 from proxy.tokenizers import TokenizerLoadError, load_tokenizer
 
@@ -115,7 +115,7 @@ def evaluate(dictionary: LoadedZstdDictionary, holdout: Sequence[bytes]) -> Hold
     with_dict = 0
     for stream in holdout:
         compressor = ZstdCompressor(dictionary)
-        with_dict += len(compressor.feed(stream) + compressor.finish())
+        with_dict += len(compressor.feed(stream) + compressor.flush())
     return HoldoutResult(
         streams=len(holdout),
         identity_bytes=sum(map(len, holdout)),

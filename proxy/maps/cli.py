@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 
 from proxy.core.errors import TokenizerMapError
-from proxy.core.map_checks import map_differences, map_problems
-from proxy.core.tokenizer_map import map_document
-from proxy.maps.publish import content_of, publish
+from proxy.core.maps.checks import map_differences, map_problems
+from proxy.core.maps.tokenizer_map import map_document
+from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
 from proxy.tokenizers import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.tokenizers.probes import PROBE_STRINGS
@@ -46,7 +46,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def generate(args: argparse.Namespace) -> int:
     loaded = _load(args.tokenizer)
-    content = content_of(loaded)
+    content = loaded.map_content()
     try:
         published = publish(loaded, args.id, content=content)
     except TokenizerMapError as exc:
@@ -71,7 +71,7 @@ def _tokenizer_problems(path: Path, document: dict[str, Any], tokenizer_path: Pa
     """Where the map at `path` and the tokenizer at `tokenizer_path` disagree."""
     loaded = _load(tokenizer_path)
     try:
-        content = content_of(loaded)
+        content = loaded.map_content()
     except TokenizerMapError as exc:
         return [f"the tokenizer has no map: {exc.message}"]
     # The id is the publisher's choice and not compared; any publishable one will do.

@@ -10,78 +10,62 @@ from importlib import resources
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from proxy.core.dictionaries import ZstdDictionaries
+from proxy.core.backend.readiness import Readiness
+from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.errors import ConfigError
-from proxy.core.readiness import Readiness
-from proxy.core.schema import served_schema
-from proxy.core.upgrade import VersionPolicy
+from proxy.core.http.upgrade import VersionPolicy
+from proxy.core.wire.schema import served_schema
+from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
-from proxy.server import discovery, well_known
+from proxy.server import local, well_known
 from proxy.server.auth import api_key_middleware
-from proxy.server.chat import chat_completions
-from proxy.server.completions import completions
-from proxy.server.dictionaries import dictionary_handler, load_app_dictionaries
 from proxy.server.drift import drift_context
 from proxy.server.errors import error_middleware
-from proxy.server.keys import (
-    LIFECYCLE,
-    MAPS,
-    METRICS,
-    MODEL,
-    READINESS,
-    SAFETY_POLICY,
-    SCHEMA_TEXT,
-    SETTINGS,
-    TOKENIZER_MAP,
-    UPSTREAM,
+from proxy.server.generation import chat_completions, completions, completions_codec
+from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
+from proxy.server.lifecycle import LIFECYCLE, Lifecycle
+from proxy.server.local import READINESS, SCHEMA_TEXT
+from proxy.server.metrics import METRICS, Metrics
+from proxy.server.models import MODELS, UpstreamModels
+from proxy.server.observe import echo_request_id, observe_middleware
+from proxy.server.policy_file import read_policy_file
+from proxy.server.relay import relay_handler
+from proxy.server.upstream import UPSTREAM, UpstreamPool, make_session
+from proxy.server.versioning import (
     VERSION_NOTICES,
     VERSION_POLICY,
-    VOCABULARY,
-    ZSTD_DICTIONARIES,
-    Vocabulary,
+    VersionNotices,
+    strip_withheld_headers,
 )
-from proxy.server.lifecycle import Lifecycle
-from proxy.server.map_store import MapStore
-from proxy.server.metrics import Metrics
-from proxy.server.model import ModelResolver
-from proxy.server.notices import VersionNotices
-from proxy.server.observe import echo_request_id, observe_middleware
-from proxy.server.path_b import completions_codec
-from proxy.server.policy_file import read_policy_file
-from proxy.server.probes import livez
-from proxy.server.probes import metrics as metrics_handler
-from proxy.server.readiness import method_not_allowed, readyz
-from proxy.server.relay import relay_handler
-from proxy.server.upstream import UpstreamPool, make_session
-from proxy.server.versioning import strip_withheld_headers
-from proxy.settings import Settings
+from proxy.server.well_known import MAPS, TOKENIZER_MAP, ZSTD_DICTIONARIES, MapStore
+from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST, Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
-
-
-async def schema(request: web.Request) -> web.Response:
-    """`GET /codec/schema`: the proto3 schema of exactly what we emit (codec-spec.md §3.4)."""
-    return web.Response(text=request.app[SCHEMA_TEXT], content_type="text/plain")
+from proxy.tokenizers.vocabulary import Vocabulary
 
 
 def routes() -> list[web.RouteDef]:
     return [
-        # The proxy's own: never relayed upstream, never behind an API key.
-        web.get("/livez", livez),
-        web.get("/readyz", readyz),
-        web.get("/metrics", metrics_handler),
-        *(web.route("*", path, method_not_allowed) for path in ("/livez", "/readyz", "/metrics")),
-        web.get("/codec/schema", schema),
-        # Version and safety-policy documents first, then every other discovery path: all
-        # answered here, never relayed (any method; the handler sorts them out).
-        web.get("/.well-known/codec/dicts/{name}", dictionary_handler),
+        # The proxy's own and the Codec documents: answered here, never relayed upstream.
+        *local.routes(),
         *well_known.routes(),
-        web.route("*", r"/.well-known/codec{tail:(/.*)?}", discovery.well_known),
         web.post("/v1/completions", completions),
         web.post("/v1/completions/codec", completions_codec),
         web.post("/v1/chat/completions", chat_completions),
         # Everything else, any method: transparent pass-through to the upstream.
         web.route("*", "/{tail:.*}", relay_handler),
     ]
+
+
+def load_app_dictionaries(settings: Settings, vocabulary: Vocabulary) -> ZstdDictionaries:
+    """`DictionaryError` if a dictionary does not match its manifest (refuse to start)."""
+    manifest = settings.dictionaries_manifest
+    return load_dictionaries(
+        manifest,
+        settings.zstd_dicts,
+        vocabulary_sha256=vocabulary.vocabulary_sha256,
+        # The shipped manifest may be absent (an installed wheel); one named in settings may not.
+        manifest_required=manifest is not None and manifest != DEFAULT_DICTIONARIES_MANIFEST,
+    )
 
 
 def _upstream_context(
@@ -91,6 +75,7 @@ def _upstream_context(
         session = make_session(settings)
         pool = UpstreamPool(settings, session, app[METRICS], app[READINESS])
         app[UPSTREAM] = pool
+        app[MODELS] = UpstreamModels(pool, settings.model)
         await pool.check_health()  # know who is up before the first request
         checker = asyncio.create_task(pool.health_loop(), name="upstream-health")
         try:
@@ -142,7 +127,7 @@ def create_app(
         client_max_size=settings.max_body_bytes,
         middlewares=middlewares,
         # Request bodies are read as sent: Codec requests are decoded by us with a cap on the
-        # decoded size (core/body_coding.py), pass-through bodies go upstream byte for byte.
+        # decoded size (core/http/body_coding.py), pass-through bodies go upstream byte for byte.
         handler_args={"auto_decompress": False},
     )
     app[SETTINGS] = settings
@@ -163,7 +148,6 @@ def create_app(
     proto = resources.files("proxy").joinpath("codec.proto").read_text()
     # Chat streams carry tool calls, so field 4 and ToolCall are part of what we emit.
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
-    app[MODEL] = ModelResolver(settings.model)
     app.on_response_prepare.append(echo_request_id)
     _versioning(app, settings, tokenizer)
     # Order matters: the drift check needs the upstream session.

@@ -14,8 +14,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.core.errors import ProxyError
+from proxy.server.local import LOCAL_PATHS
 
-OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/codec/schema"})
+OPEN_PATHS = frozenset(LOCAL_PATHS)
 OPEN_PREFIXES = ("/.well-known/codec/",)
 
 

@@ -1,6 +1,6 @@
 """The drift check's IO: the backend's `/tokenize` and `/v1/models`, at start and then on a timer.
 
-The verdict logic is `proxy.core.drift`; this module asks the backend, keeps the readiness
+The verdict logic is `proxy.core.backend.drift`; this module asks the backend, keeps the readiness
 check up to date, and logs what changed. A check that cannot conclude (backend down, 5xx, a
 broken answer) keeps the previous verdict and is retried sooner than the interval.
 """
@@ -15,22 +15,24 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
-from proxy.core import drift
-from proxy.core.drift import DriftState, DriftVerdict
-from proxy.core.errors import UpstreamProtocolError
-from proxy.core.readiness import Readiness
-from proxy.core.tokenize_api import (
+from proxy.core.backend import drift
+from proxy.core.backend.drift import DriftState, DriftVerdict
+from proxy.core.backend.models import find_model
+from proxy.core.backend.readiness import Readiness
+from proxy.core.backend.tokenize_api import (
     DIALECTS,
-    MODELS_PATH,
     TOKENIZE_PATH,
     TokenizeDialect,
     parse_tokens,
-    parse_vocab_size,
 )
-from proxy.server.keys import READINESS, UPSTREAM, VOCABULARY, Vocabulary
-from proxy.server.upstream import UpstreamPool
+from proxy.core.errors import ProxyError, UpstreamProtocolError
+from proxy.server.keys import VOCABULARY
+from proxy.server.local import READINESS
+from proxy.server.models import MODELS, UpstreamModels
+from proxy.server.upstream import UPSTREAM, UpstreamPool
 from proxy.settings import Settings
 from proxy.tokenizers.probes import PROBE_STRINGS
+from proxy.tokenizers.vocabulary import Vocabulary
 
 log = logging.getLogger("codec_proxy")
 
@@ -66,12 +68,14 @@ class DriftMonitor:
     def __init__(
         self,
         upstream: UpstreamPool,
+        models: UpstreamModels,
         vocabulary: Vocabulary,
         readiness: Readiness,
         *,
         model: str | None,
     ) -> None:
         self._upstream = upstream
+        self._models = models
         self._readiness = readiness
         self._model = model
         self._vocab_size = vocabulary.loaded.vocab_size
@@ -125,15 +129,11 @@ class DriftMonitor:
 
     async def _backend_vocab_size(self) -> int | None:
         try:
-            async with asyncio.timeout(REQUEST_SECONDS):
-                async with self._upstream.request(
-                    "GET", MODELS_PATH, headers=_HEADERS, data=None
-                ) as response:
-                    if response.status != 200:
-                        return None
-                    return parse_vocab_size(await response.read(), self._model)
-        except (aiohttp.ClientError, TimeoutError):
+            listing = await self._models.listing(fresh=True)
+        except ProxyError:
             return None
+        entry = find_model(listing, self._model)
+        return entry.vocab_size if entry is not None else None
 
     async def _round(self) -> DriftVerdict:
         if self.dialect is None:
@@ -222,7 +222,9 @@ def drift_context(settings: Settings) -> Callable[[web.Application], AsyncIterat
             )
             yield
             return
-        monitor = DriftMonitor(app[UPSTREAM], app[VOCABULARY], readiness, model=settings.model)
+        monitor = DriftMonitor(
+            app[UPSTREAM], app[MODELS], app[VOCABULARY], readiness, model=settings.model
+        )
         app[DRIFT_MONITOR] = monitor
         concluded = await monitor.check()
         task = asyncio.create_task(monitor.run(settings.drift_check_interval, concluded=concluded))

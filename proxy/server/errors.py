@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -23,6 +24,20 @@ def json_error(
         body=json.dumps(body).encode(),
         content_type="application/json",
     )
+
+
+def method_not_allowed(
+    method: str, what: str, allow: str, *, headers: Iterable[tuple[str, str]] = ()
+) -> web.Response:
+    """405 with its `Allow` (RFC 9110 §15.5.6), in the same JSON shape as every other error."""
+    response = json_error(
+        405,
+        f"{method} is not allowed on {what}",
+        error_type="invalid_request_error",
+        code="method_not_allowed",
+    )
+    response.headers.update([("Allow", allow), *headers])
+    return response
 
 
 def error_response(exc: ProxyError) -> web.Response:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
 # The message a stream's task is cancelled with when the drain timeout ran out: the stream
 # tells this apart from a client that left, and ends with a terminal frame instead.
 SHUTDOWN = "codec-proxy: drain timeout reached, ending the stream"
@@ -50,6 +52,9 @@ class Lifecycle:
         if left:
             await asyncio.wait(left, timeout=CANCEL_GRACE)
         return len(left)
+
+
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 
 def is_shutdown(exc: BaseException) -> bool:

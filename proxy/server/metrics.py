@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -136,3 +137,6 @@ class Metrics:
             prometheus_multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+METRICS = web.AppKey("metrics", Metrics)

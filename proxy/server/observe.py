@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.server.keys import METRICS
 from proxy.server.lifecycle import is_shutdown
+from proxy.server.metrics import METRICS
 
 access_log = logging.getLogger("codec_proxy.access")
 

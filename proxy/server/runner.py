@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from proxy.core.readiness import Check
-from proxy.server.keys import LIFECYCLE, READINESS
+from proxy.core.backend.readiness import Check
+from proxy.server.lifecycle import LIFECYCLE
+from proxy.server.local import READINESS
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")

@@ -1,7 +1,7 @@
 """The upstream side: a pool of backends, one pooled `ClientSession` per worker, timeouts.
 
 - Each request goes to the available upstream with the fewest requests in flight
-  (`proxy/core/balancer.py`); active health checks and passive ejection decide "available".
+  (`proxy/core/backend/balancer.py`); active health checks and passive ejection decide "available".
 - A request is retried on another upstream only when the connection failed before the upstream
   sent a single byte (refused, reset, a stale pooled connection): nothing can have reached the
   client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.core.balancer import Balancer, UpstreamState
+from proxy.core.backend.balancer import Balancer, UpstreamState
+from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from proxy.core.readiness import Check, Readiness
 from proxy.server.metrics import Metrics
 from proxy.settings import Settings
 
@@ -76,27 +77,34 @@ class Exchange:
     idle_timeout: float | None
     bytes_in: int = 0
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, under the time-to-first-byte and idle timeouts."""
-        reader = self.response.content.iter_any().__aiter__()
+    async def read(self, until: float | None = None) -> bytes | None:
+        """The next body bytes as they arrive; `b""` at the end of the body; None if loop time
+        `until` came first (the caller has something to do then, and reads again).
+
+        Raises `UpstreamTimeout` past the time-to-first-byte or idle timeout.
+        """
         loop = asyncio.get_running_loop()
         deadline = self.first_byte_deadline
-        while True:
-            kind = "ttft" if deadline is not None else "idle"
-            if deadline is None and self.idle_timeout is not None:
-                deadline = loop.time() + self.idle_timeout
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await reader.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError as exc:
-                raise UpstreamTimeout(
-                    f"upstream sent nothing for too long ({kind} timeout)", code=f"{kind}_timeout"
-                ) from exc
-            self.bytes_in += len(chunk)
-            deadline = None
-            yield chunk
+        kind = "ttft"
+        if deadline is None and self.idle_timeout is not None:
+            deadline, kind = loop.time() + self.idle_timeout, "idle"
+        waiting_for_caller = until is not None and (deadline is None or until < deadline)
+        limit = until if waiting_for_caller else deadline
+        try:
+            if limit is None:
+                chunk = await self.response.content.readany()
+            else:
+                async with asyncio.timeout_at(limit):
+                    chunk = await self.response.content.readany()
+        except TimeoutError as exc:
+            if waiting_for_caller:
+                return None
+            raise UpstreamTimeout(
+                f"upstream sent nothing for too long ({kind} timeout)", code=f"{kind}_timeout"
+            ) from exc
+        self.bytes_in += len(chunk)
+        self.first_byte_deadline = None
+        return chunk
 
 
 class UpstreamPool:
@@ -292,6 +300,9 @@ class UpstreamPool:
         while True:
             await asyncio.sleep(self.settings.health_interval)
             await self.check_health()
+
+
+UPSTREAM = web.AppKey("upstream", UpstreamPool)
 
 
 def make_session(settings: Settings) -> aiohttp.ClientSession:

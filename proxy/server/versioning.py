@@ -1,7 +1,7 @@
 """Codec version negotiation at the edge: the client's version, the 426 gate, header floors.
 
-* `client_version(request)`: the request's `Codec-Client-Version` (absent: 0.2;
-  unparsable: 0.0, logged once per client address).
+* `client_version(request)`: the request's `Codec-Client-Version` (absent: 0.2; unparsable:
+  0.0, logged once per client address), parsed once per request and kept on it.
 * `codec_gate(request)`: call it on every Codec entry point before contacting the upstream; it
   raises the 426 when this deployment enforces a floor the client is below.
 * `strip_withheld_headers`: the one place the header floor table is applied, an
@@ -12,29 +12,55 @@
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 from aiohttp import web
 
-from proxy.core.versioning import (
+from proxy.core.http.upgrade import VersionPolicy
+from proxy.core.http.versioning import (
     CLIENT_VERSION_HEADER,
     ClientVersion,
     parse_client_version,
     withheld_headers,
 )
-from proxy.server.keys import VERSION_NOTICES, VERSION_POLICY
+from proxy.server.observe import RECORD
 
 log = logging.getLogger("codec_proxy")
 
 # Unparsable header values are client-controlled: log at most this much, escaped by %r.
 _LOGGED_VALUE_CHARS = 40
+# Client addresses remembered for "log once"; the oldest are forgotten beyond this, so a scan
+# from many addresses costs bounded memory (and at worst repeats a log line).
+_REMEMBERED_ADDRESSES = 4096
+
+
+class VersionNotices:
+    """Remembers which client addresses were already logged about, per kind of notice."""
+
+    def __init__(self, capacity: int = _REMEMBERED_ADDRESSES) -> None:
+        self._capacity = capacity
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def first_time(self, kind: str, address: str) -> bool:
+        key = (kind, address)
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
+        return True
+
+
+VERSION_POLICY = web.AppKey("version_policy", VersionPolicy)
+VERSION_NOTICES = web.AppKey("version_notices", VersionNotices)
+CLIENT_VERSION = web.RequestKey("client_version", ClientVersion)
 
 
 def client_version(request: web.Request) -> ClientVersion:
-    """The Codec version this request is treated as.
-
-    Parsed again wherever it is needed (a regex over a few bytes): nothing to keep in sync,
-    and the log-once bookkeeping keeps repeated parses quiet.
-    """
+    """The Codec version this request is treated as (parsed on first use, then kept)."""
+    if CLIENT_VERSION in request:
+        return request[CLIENT_VERSION]
     header = request.headers.get(CLIENT_VERSION_HEADER)
     parsed = parse_client_version(header)
     address = request.remote or "unknown"
@@ -46,6 +72,10 @@ def client_version(request: web.Request) -> ClientVersion:
             address,
             parsed.version,
         )
+    request[CLIENT_VERSION] = parsed.version
+    record = request.get(RECORD)
+    if record is not None and header is not None:
+        record.client_version = str(parsed.version)
     return parsed.version
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from proxy.core.map_checks import map_problems
-from proxy.core.map_content import METASPACE
-from proxy.core.pretok_program import program_pattern
+from proxy.core.maps.checks import map_problems
+from proxy.core.maps.content import METASPACE
+from proxy.core.maps.pretok_program import program_pattern
 from proxy.maps.schema import schema_problems
 from proxy.tokenizers.errors import TokenizerLoadError, one_line
 from proxy.tokenizers.from_hf import EOS_TOKEN_NAMES

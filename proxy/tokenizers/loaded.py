@@ -9,6 +9,9 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
+from proxy.core.maps.content import map_content
+from proxy.core.maps.tokenizer_map import MapContent
+
 SourceKind = Literal["gguf", "tokenizer.json", "codec-map"]
 Encoder = Literal["byte_level", "metaspace"]
 
@@ -34,3 +37,14 @@ class LoadedTokenizer:
     published_at: str | None  # source file mtime, UTC, ISO 8601 with a trailing "Z"
     # A Codec map names itself; other sources leave the map id to the operator.
     map_id: str | None = None
+
+    def map_content(self) -> MapContent:
+        """The map fields of this tokenizer, `published_at` from its source (file time or the
+        map's own). Seconds for a Llama-3-sized vocabulary: `Vocabulary` reads it once."""
+        return map_content(
+            self.tokenizer,
+            encoder=self.encoder,
+            vocab_size=self.vocab_size,
+            special_tokens=self.special_tokens,
+            published_at=self.published_at,
+        )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tokenizers import Regex, pre_tokenizers
 
-from proxy.core.pretok_patterns import GPT2_PATTERN, SINGLE_DIGIT_PATTERN
+from proxy.core.maps.pretok_patterns import GPT2_PATTERN, SINGLE_DIGIT_PATTERN
 
 # Llama-3's pattern in llama.cpp's case-folding-free form (LLAMA_VOCAB_PRE_TYPE_LLAMA3).
 LLAMA3_PATTERN = (

@@ -26,7 +26,7 @@ import pytest
 import proxy
 from deploy import dockerfile
 from proxy import assets
-from proxy.core.frames import FrameDecoder
+from proxy.core.wire.decoder import FrameDecoder
 from proxy.embedded import free_port
 from tests.deploy.rendering import KUSTOMIZE
 from tests.fake_upstream import FakeUpstream

@@ -16,9 +16,8 @@ import pytest
 from proxy.core.errors import ConfigError
 from proxy.server import lifecycle, runner
 from proxy.server.app import routes
-from proxy.server.probes import livez
-from proxy.server.probes import metrics as metrics_handler
-from proxy.server.readiness import readyz
+from proxy.server.local import livez, readyz
+from proxy.server.local import metrics as metrics_handler
 from proxy.settings import Settings
 from tests.deploy.rendering import (
     Doc,

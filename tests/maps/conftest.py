@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from proxy.core.map_content import map_content
-from proxy.core.tokenizer_map import PublishedMap, render_map
+from proxy.core.maps.content import map_content
+from proxy.core.maps.tokenizer_map import PublishedMap, render_map
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from tests.tokenizers.support import write_gguf
 

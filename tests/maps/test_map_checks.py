@@ -1,4 +1,4 @@
-"""Cross-field checks on schema-valid maps (proxy.core.map_checks)."""
+"""Cross-field checks on schema-valid maps (proxy.core.maps.checks)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.core.map_checks import map_problems
-from proxy.core.map_content import BYTE_TOKENS
+from proxy.core.maps.checks import map_problems
+from proxy.core.maps.content import BYTE_TOKENS
 from proxy.tokenizers.pretokenizers import QWEN2_PATTERN
 
 

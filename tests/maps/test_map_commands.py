@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
-from proxy.core.tokenizer_map import PublishedMap
+from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.maps.publish import publish
 from proxy.tokenizers import LoadedTokenizer
 from tests.maps.conftest import write_map

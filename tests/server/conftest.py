@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream
 
 AiohttpServer = Callable[..., Awaitable[TestServer]]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from proxy.core.frames import Frame, FrameDecoder
+from proxy.core.wire.decoder import FrameDecoder
+from proxy.core.wire.frames import Frame
 from tests.server.conftest import ProxyClient
 
 Decodable = Literal["msgpack", "msgpack-delta", "protobuf"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from proxy.core.tool_calls import ToolCall
+from proxy.core.wire.tool_calls import ToolCall
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import FakeUpstream, Script, load_capture

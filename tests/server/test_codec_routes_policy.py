@@ -9,7 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from proxy.core.tool_calls import ToolCall
+from proxy.core.wire.tool_calls import ToolCall
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy
 from tests.server.policy_support import policy_document, v04, write_policy

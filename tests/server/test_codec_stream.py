@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from proxy.core.frames import FrameDecoder
+from proxy.core.wire.decoder import FrameDecoder
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import FakeUpstream, Script, load_capture

@@ -19,11 +19,12 @@ import pytest
 import zstandard
 from aiohttp import web
 
-from proxy.core.chunks import parse_completion_chunk
-from proxy.core.frames import FrameDecoder
-from proxy.core.transcode import CodecTranscoder
-from proxy.server.keys import ZSTD_DICTIONARIES, Vocabulary
+from proxy.core.stream.chunks import parse_completion_chunk
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.wire.decoder import FrameDecoder
+from proxy.server.well_known import ZSTD_DICTIONARIES
 from proxy.tokenizers import LoadedTokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.compression_support import (
     CODINGS,

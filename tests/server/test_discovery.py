@@ -19,16 +19,16 @@ import brotli
 import pytest
 from multidict import CIMultiDict
 
-from proxy.core.dictionaries import LoadedZstdDictionary, ZstdDictionaries
+from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries
 from proxy.core.errors import TokenizerMapError
-from proxy.core.tokenizer_map import PublishedMap
+from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
-from proxy.server import create_app, map_store
-from proxy.server.keys import TOKENIZER_MAP, ZSTD_DICTIONARIES, Vocabulary
-from proxy.server.map_store import MapStore
+from proxy.server import create_app, well_known
+from proxy.server.well_known import TOKENIZER_MAP, ZSTD_DICTIONARIES
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream
 from tests.server.conftest import MakeProxy, ProxyClient, app_of
 
@@ -286,9 +286,9 @@ async def test_concurrent_first_requests_compress_once(monkeypatch: pytest.Monke
         calls.append(body)
         return gzip.compress(body, mtime=0)
 
-    monkeypatch.setitem(map_store.COMPRESSORS, "gzip", counting)
+    monkeypatch.setitem(well_known.COMPRESSORS, "gzip", counting)
     published = PublishedMap("a", b"x" * 1000, "0" * 64)
-    store = MapStore([published])
+    store = well_known.MapStore([published])
     results = await asyncio.gather(*(store.encoded(published, "gzip") for _ in range(5)))
     assert len(calls) == 1
     assert {gzip.decompress(r) for r in results} == {published.body}

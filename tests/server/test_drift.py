@@ -20,9 +20,9 @@ from aiohttp import web
 from proxy import assets
 from proxy.server import create_app
 from proxy.server.drift import DRIFT_MONITOR
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import load_capture
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient, app_of
 

@@ -13,14 +13,17 @@ import json
 import logging
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
-from proxy.core.frames import Frame, FrameDecoder
-from proxy.server.keys import UPSTREAM
+from proxy.core.wire.decoder import FrameDecoder
+from proxy.core.wire.frames import Frame
+from proxy.server.upstream import UPSTREAM
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
+from tests.server.policy_support import write_policy
 
 SAMPLE = "llamacpp-completions-sample.txt"
 
@@ -317,18 +320,39 @@ async def test_client_leaving_after_the_whole_codec_stream_is_no_disconnect(
     assert lines[0]["bytes_in"] > 0
 
 
+@pytest.mark.parametrize(
+    ("kind", "payload", "events", "delay"),
+    [
+        ("passthrough", {"prompt": "Hi", "stream": True}, 64 * 1024, 0.0),
+        # Policing reads every character: paced, so the upstream is still sending when the
+        # client is dropped (flat out, the whole body would sit in the socket buffers).
+        ("policed", {"prompt": "Hi", "stream": True}, 8 * 1024, 0.002),
+        ("codec", codec_body(), 16 * 1024, 0.0),
+    ],
+)
 async def test_slow_client_is_dropped_and_its_upstream_closed(
-    make_proxy: MakeProxy, upstream: FakeUpstream
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    kind: str,
+    payload: dict[str, object],
+    events: int,
+    delay: float,
 ) -> None:
-    # A long stream, and a client that reads the headers and then nothing at all.
-    # 64 MiB of SSE: far more than the socket buffers between us can hold.
+    # A long stream, and a client that reads the headers and then nothing at all: far more
+    # than the socket buffers between us can hold, for each kind of streamed answer.
     capture = load_capture(SAMPLE)
-    event = b"data: " + json.dumps({"choices": [{"text": "x" * 1000, "index": 0}]}).encode()
-    long_body = (event + b"\n\n") * (64 * 1024)
-    upstream.script = Script(capture.__class__(200, "OK", capture.headers, long_body))
-    proxy = await make_proxy(write_timeout=0.5)
-    _reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
-    body = json.dumps({"prompt": "Hi", "stream": True}).encode()
+    event = b"data: " + json.dumps({"choices": [{"text": " x" * 500, "index": 0}]}).encode()
+    long_body = (event + b"\n\n") * events
+    upstream.script = Script(capture.__class__(200, "OK", capture.headers, long_body), delay=delay)
+    policy = write_policy(tmp_path) if kind == "policed" else None
+    proxy = await make_proxy(write_timeout=0.5, safety_policy=policy)
+    # A small receive window, so the proxy's writes back up after a few policed events too.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((proxy.host, proxy.port))
+    _reader, writer = await asyncio.open_connection(sock=sock)
+    body = json.dumps(payload).encode()
     writer.write(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -338,10 +362,16 @@ async def test_slow_client_is_dropped_and_its_upstream_closed(
     transport = writer.transport
     assert isinstance(transport, asyncio.ReadTransport)
     transport.pause_reading()  # stop reading: the proxy's writes back up
-    await wait_for(lambda: upstream.outcomes == ["aborted"], seconds=10.0)
+    await wait_for(lambda: upstream.outcomes == ["aborted"], seconds=15.0)
     writer.close()
     async with proxy.get("/metrics") as resp:
-        assert 'codec_proxy_timeouts_total{kind="write"} 1.0' in await resp.text()
+        text = await resp.text()
+    assert 'codec_proxy_timeouts_total{kind="write"} 1.0' in text
+    # Dropped by us, not gone by itself: the response stands as sent, marked slow_client.
+    assert f'codec_proxy_requests_total{{mode="{kind}",route="/v1/completions",status="200"}}' in (
+        text
+    )
+    assert "codec_proxy_client_disconnects_total{" not in text
 
 
 async def test_beyond_max_streams_is_503_with_retry_after(

@@ -8,7 +8,7 @@ import struct
 import msgpack
 import pytest
 
-from proxy.core import codec_pb2
+from proxy.core.wire import codec_pb2
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import FakeUpstream, Script, load_capture

@@ -13,9 +13,9 @@ import pytest
 
 from proxy.core.errors import ConfigError
 from proxy.server import create_app
-from proxy.server.keys import Vocabulary
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-from proxy.core import codec_pb2
-from proxy.core.schema import served_schema
+from proxy.core.wire import codec_pb2
+from proxy.core.wire.schema import served_schema
 from tests.server.conftest import ProxyClient
 
 

@@ -12,8 +12,8 @@ from gguf import GGUFEndian, GGUFWriter, Keys, TokenType
 from tokenizers import pre_tokenizers
 
 from proxy import assets
-from proxy.core.map_content import map_content
-from proxy.core.tokenizer_map import MapContent, PublishedMap, render_map
+from proxy.core.maps.content import map_content
+from proxy.core.maps.tokenizer_map import MapContent, PublishedMap, render_map
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 
 # Every real tokenizer source the tests use, by family name. GGUF vocabularies other than

@@ -15,9 +15,9 @@ from pathlib import Path
 import codecai
 import pytest
 
-from proxy.core.map_checks import map_problems
-from proxy.core.map_content import map_content
-from proxy.core.tokenizer_map import render_map
+from proxy.core.maps.checks import map_problems
+from proxy.core.maps.content import map_content
+from proxy.core.maps.tokenizer_map import render_map
 from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
 from proxy.tokenizers import LoadedTokenizer, TokenizerLoadError, load_tokenizer

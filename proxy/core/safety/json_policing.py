@@ -21,7 +21,7 @@ import orjson
 from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.matcher import MatchOutput
 from proxy.core.safety.stream import PolicedText
-from proxy.core.sse import SSEDecoder
+from proxy.core.stream.sse import SSEDecoder
 
 CONTENT_FILTER = "content_filter"
 _DONE = "[DONE]"
@@ -107,7 +107,7 @@ class JsonStreamPolicer:
                 out.append(self._event(event.data))
         return b"".join(out)
 
-    def end(self) -> bytes:
+    def flush(self) -> bytes:
         """The upstream closed: release what the open choices still hold (checked first)."""
         if self._stop is not None or not self._open:
             return b""
@@ -121,7 +121,7 @@ class JsonStreamPolicer:
 
     def _event(self, data: str) -> bytes:
         if data.strip() == _DONE:
-            return self.end() + _DONE_EVENT
+            return self.flush() + _DONE_EVENT
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -43,7 +43,7 @@ class SafetyPolicy:
 
     def response_headers(self) -> tuple[tuple[str, str], ...]:
         """Headers on every response the policy governs. The version floor table withholds
-        them from clients below 0.4 (proxy/core/versioning.py), in one place."""
+        them from clients below 0.4 (proxy/core/http/versioning.py), in one place."""
         return (
             ("Codec-Safety-Policy", self.id),
             ("Codec-Safety-Policy-Id", self.id),

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from proxy.core.retokenizer import Retokenizer, RetokenizerScheme
 from proxy.core.safety.matcher import MatchOutput, PolicyMatcher
 from proxy.core.safety.rules import CompiledRules
+from proxy.core.stream.retokenizer import Retokenizer, RetokenizerScheme
 
 
 class TokenTexts:

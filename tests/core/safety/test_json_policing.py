@@ -18,7 +18,7 @@ from proxy.core.safety.json_policing import (
 )
 from proxy.core.safety.rules import CompiledRules
 from proxy.core.safety.stream import PolicedText
-from proxy.server.keys import Vocabulary
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.core.safety.support import compiled
 from tests.core.safety.test_policed_streams import vocab
 from tests.fake_upstream import load_capture
@@ -48,7 +48,7 @@ def police(
         out += policer.feed(piece)
         if policer.stopped:
             return out, policer
-    return out + policer.end(), policer
+    return out + policer.flush(), policer
 
 
 def text_of(events: list[Event], field: TextField) -> str:

@@ -8,17 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core import finish
-from proxy.core.chunks import parse_completion_chunk
-from proxy.core.frames import Frame
 from proxy.core.guard import StreamGuard
+from proxy.core.http.versioning import V0_4, ClientVersion
 from proxy.core.safety.matcher import MatchOutput
 from proxy.core.safety.rules import CompiledRules, Vocab
 from proxy.core.safety.stream import PolicedIds, PolicedText
-from proxy.core.tool_calls import ToolCall
-from proxy.core.transcode import CodecTranscoder, StreamOutcome
-from proxy.core.versioning import V0_4, ClientVersion
-from proxy.server.keys import Vocabulary
+from proxy.core.stream.chunks import parse_completion_chunk
+from proxy.core.stream.transcode import CodecTranscoder, StreamOutcome
+from proxy.core.wire import finish
+from proxy.core.wire.frames import Frame
+from proxy.core.wire.tool_calls import ToolCall
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.core.safety.support import compiled
 from tests.fake_upstream import load_capture
 
@@ -108,7 +108,7 @@ def transcode(
         frames += guard.feed(piece)
         if guard.done:
             break
-    frames += guard.end_of_upstream()
+    frames += guard.flush()
     return frames, guard
 
 
@@ -149,7 +149,7 @@ def test_one_event_per_read_and_old_clients_get_error(smollm2_vocabulary: Vocabu
 
 def test_without_a_policy_the_guard_changes_nothing(smollm2_vocabulary: Vocabulary) -> None:
     plain = CodecTranscoder(smollm2_vocabulary.scheme, parse_completion_chunk)
-    expected = [f for e in CAPTURE.events for f in plain.feed(e)] + plain.end_of_upstream()
+    expected = [f for e in CAPTURE.events for f in plain.feed(e)] + plain.flush()
     frames, guard = transcode(smollm2_vocabulary, None, CAPTURE.events)
     assert frames == expected
     assert guard.stopped is None
@@ -190,7 +190,7 @@ class ScriptedFrames:
             self.outcome = StreamOutcome(reason, None, 0, None, token_source="backend")
         return frames
 
-    def end_of_upstream(self) -> list[Frame]:
+    def flush(self) -> list[Frame]:
         return []
 
     def fail(self, error: str) -> list[Frame]:

@@ -1,0 +1,43 @@
+"""Content negotiation for Codec responses: media types named in `Accept`."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+# RFC 9110 §12.4.2: qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )
+_QVALUE: Final = re.compile(r"(?:0(?:\.\d{0,3})?|1(?:\.0{0,3})?)")
+
+
+def parse_qvalue(raw: str) -> float | None:
+    """A weight as RFC 9110 §12.4.2 writes it, or None when it is not one ("2", "0.5555", "x")."""
+    raw = raw.strip()
+    return float(raw) if _QVALUE.fullmatch(raw) else None
+
+
+# The Codec website's length-prefixed msgpack (codec-spec.md §11 items 1-2). Real clients
+# (codecai, @codecai/web) decode the spec framing, so this is served only when named.
+PREFIXED_MSGPACK_MEDIA_TYPE = "application/codec+msgpack"
+
+
+def accepted_media_types(accept: str) -> dict[str, float]:
+    """`Accept` as {media type: q}, lowercase, other parameters dropped (RFC 9110 §12.5.1)."""
+    accepted: dict[str, float] = {}
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        if not media:
+            continue
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                # A weight that is not one says nothing reliable: not acceptable.
+                q = parse_qvalue(value) or 0.0
+        accepted[media.lower()] = q
+    return accepted
+
+
+def wants_prefixed_msgpack(accept: str | None) -> bool:
+    if not accept:
+        return False
+    return accepted_media_types(accept).get(PREFIXED_MSGPACK_MEDIA_TYPE, 0.0) > 0.0

@@ -1,0 +1,3 @@
+"""The vocab handshake: tokenizer maps (content, deterministic bytes, ids, checks), the
+pre-tokenizer program, and the `/.well-known/codec/` discovery documents.
+"""

@@ -1,0 +1,161 @@
+"""`/.well-known/codec/` discovery, sans IO: which document a raw path names, the index
+document, and the caching, CORS and content-coding decisions for a reply.
+
+Paths (codec-spec.md §3.5): `maps/<id>.json` (an inline map, Form B), `maps/sha256/<hex>.json`
+(content-addressed, the I-D's SHOULD), `index.json` (`{codec_version, maps: [{id, url, hash}]}`).
+
+The path is read raw, as the client sent it: a valid id never needs percent-encoding, so any
+`%` (an encoded `/`, `.` or anything else) names nothing, and neither does an id that fails
+`map_id_problem`. Nothing is ever looked up on a filesystem; documents are in memory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import orjson
+
+from proxy.core.http.content_coding import parse_accept_encoding, weight
+from proxy.core.maps.ids import CONTENT_ADDRESSED_PREFIX, map_id_problem
+from proxy.core.maps.tokenizer_map import PublishedMap
+
+WELL_KNOWN_PREFIX = "/.well-known/codec/"
+MAPS_PREFIX = "maps/"
+# The Codec version whose discovery layout the index describes (v0.5, the current spec).
+INDEX_CODEC_VERSION = "0.5"
+
+# WELL_KNOWN_DISCOVERY.md recommends this for documents that may change under the same URL.
+SHORT_CACHE_CONTROL = "public, max-age=300, stale-while-revalidate=86400"
+# A content-addressed document can never change: its URL is its hash.
+IMMUTABLE_CACHE_CONTROL = "public, max-age=31536000, immutable"
+
+# Browser clients: the discovery GETs are CORS-simple (no Codec header is required), but the
+# reference `discover_version_policy` adds Codec-Client-Version, which needs a preflight
+# (codec-spec.md §3.5).
+CORS_ALLOW_ORIGIN = ("Access-Control-Allow-Origin", "*")
+PREFLIGHT_HEADERS: tuple[tuple[str, str], ...] = (
+    CORS_ALLOW_ORIGIN,
+    ("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS"),
+    ("Access-Control-Allow-Headers", "Codec-Client-Version"),
+    ("Access-Control-Max-Age", "86400"),
+)
+
+Coding = Literal["br", "gzip"]
+# Our preference among codings the client accepts equally (br is smaller on JSON maps).
+CODING_PREFERENCE: tuple[Coding, ...] = ("br", "gzip")
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+# A Host header we are willing to write into index.json: a name or an address, and a port.
+_HOST = re.compile(r"(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+
+
+@dataclass(frozen=True)
+class IndexDocument:
+    """`index.json`."""
+
+
+@dataclass(frozen=True)
+class MapById:
+    map_id: str
+
+
+@dataclass(frozen=True)
+class MapByDigest:
+    digest: str
+
+
+DiscoveryTarget = IndexDocument | MapById | MapByDigest
+
+
+def discovery_target(raw_path: str) -> DiscoveryTarget | None:
+    """The document a raw request path (query included or not) names, or None for a 404."""
+    path = raw_path.partition("?")[0]
+    if not path.startswith(WELL_KNOWN_PREFIX):
+        return None
+    rest = path[len(WELL_KNOWN_PREFIX) :]
+    if rest == "index.json":
+        return IndexDocument()
+    if not (rest.startswith(MAPS_PREFIX) and rest.endswith(".json")):
+        return None
+    name = rest[len(MAPS_PREFIX) : -len(".json")]
+    if name.startswith(CONTENT_ADDRESSED_PREFIX):
+        digest = name[len(CONTENT_ADDRESSED_PREFIX) :]
+        return MapByDigest(digest) if _DIGEST.fullmatch(digest) else None
+    return MapById(name) if map_id_problem(name) is None else None
+
+
+def content_addressed_path(published: PublishedMap) -> str:
+    return f"{WELL_KNOWN_PREFIX}{MAPS_PREFIX}{CONTENT_ADDRESSED_PREFIX}{published.digest}.json"
+
+
+def origin_of(scheme: str, host: str | None) -> str | None:
+    """`scheme://host` for index URLs, or None when the Host header is not a plain host."""
+    if scheme not in ("http", "https") or host is None or not _HOST.fullmatch(host):
+        return None
+    return f"{scheme}://{host}"
+
+
+def index_body(origin: str, maps: Sequence[PublishedMap]) -> bytes:
+    """`index.json` for clients of `origin` (scheme://host[:port]): one pointer per map.
+
+    Each `url` is the content-addressed document, so a pointer never goes stale while its
+    `hash` holds; codecai requires an absolute http(s) URL (interop.md §1.6).
+    """
+    entries = [
+        {"id": m.id, "url": origin + content_addressed_path(m), "hash": m.hash} for m in maps
+    ]
+    document = {"codec_version": INDEX_CODEC_VERSION, "maps": entries}
+    return orjson.dumps(document, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def entity_tag(digest: str) -> str:
+    """The strong ETag of a document: its sha256, quoted (RFC 9110 §8.8.3).
+
+    One tag for every content coding: it names the identity bytes, whose hash clients check,
+    and `Vary: Accept-Encoding` keeps caches from mixing the codings up.
+    """
+    return f'"{digest}"'
+
+
+def if_none_match(header: str | None, tag: str) -> bool:
+    """Whether `If-None-Match` matches `tag`: weak comparison, `*` matches (RFC 9110 §13.1.2)."""
+    if header is None:
+        return False
+    for candidate in header.split(","):
+        candidate = candidate.strip()
+        if candidate == "*" or candidate.removeprefix("W/") == tag:
+            return True
+    return False
+
+
+def choose_coding(accept_encoding: str | None) -> Coding | None:
+    """The content coding for a discovery reply: br or gzip if accepted (q > 0), else identity.
+
+    RFC 9110 §12.5.3: `*` stands for any coding not listed; the highest q wins and ties go to
+    our preference. Identity is always possible, so a refused one changes nothing here.
+    """
+    if not accept_encoding:
+        return None
+    accepted = parse_accept_encoding(accept_encoding)
+    ranked = [
+        (weight(accepted, coding), -rank, coding) for rank, coding in enumerate(CODING_PREFERENCE)
+    ]
+    q, _, coding = max(ranked)
+    return coding if q > 0 else None
+
+
+def reply_headers(digest: str, cache_control: str, coding: Coding | None) -> list[tuple[str, str]]:
+    """Headers of a 200 or 304 discovery reply (a 304 repeats them, RFC 9110 §15.4.5)."""
+    headers = [
+        ("Content-Type", "application/json"),
+        CORS_ALLOW_ORIGIN,
+        ("Cache-Control", cache_control),
+        ("ETag", entity_tag(digest)),
+        ("Vary", "Accept-Encoding"),
+    ]
+    if coding is not None:
+        headers.append(("Content-Encoding", coding))
+    return headers

@@ -1,0 +1,257 @@
+"""Incremental retokenizer: streamed text deltas in, the model's final token IDs out.
+
+The invariant (proved by property tests over random texts and random splits): for any way of
+cutting a text into deltas, the IDs emitted by `feed()` calls followed by `flush()` are exactly
+`tokenizer.encode(text, add_special_tokens=False)`, so decoding them gives the text back.
+
+Why this is not trivial: BPE merges never cross a pre-token, but appending text can still
+change the last pre-tokens of what we have. With byte-level BPE (GPT-2, Llama-3, Qwen, SmolLM2)
+the space belongs to the *following* word, a run of whitespace is split depending on what comes
+after it (`"a  "` is `a, "  "` but `"a  b"` is `a, " ", " b"`), Llama-3 glues newlines to a
+preceding punctuation run, and `'` becomes part of `'re` only once `re` arrives. Cutting at
+whitespace, as the reference `Translator` does, is therefore wrong (interop.md §1.7).
+
+So each stream keeps a *window* of text that has not been turned into IDs yet. After a feed we
+encode the window and commit only the pre-tokens that no later text can change:
+
+* everything from the pre-token holding the window's last non-whitespace character onwards is
+  held back (the last word may grow, and trailing whitespace may regroup);
+* an apostrophe in the last two characters holds back everything from it on (`'` and `r` are
+  two pre-tokens until `e` makes them one `'re`);
+* text that could still become an added token (e.g. Qwen's `<think>`) is held back, and so is
+  the pre-token before it: once the added token completes, the text in front of it is a
+  segment of its own, whose trailing whitespace regroups as at the end of a text.
+
+The window then restarts at the cut. Encoding starts afresh there, which is only sound because a
+cut is a hard boundary: no BPE merge crosses it and the pre-tokenizer's decision before it is
+final. Committed text is never encoded again, so the cost is O(total text); a window that cannot
+be cut yet (a very long word) is retried only after it grew by a quarter, which keeps the
+pathological case linear too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tokenizers import Tokenizer
+
+# The byte-level pre-tokenizers match contractions ('s, 't, 're, 've, 'm, 'll, 'd) before
+# anything else. One that is still incomplete starts with an apostrophe in the last two
+# characters; nothing from that apostrophe on is final yet.
+CONTRACTION_TAIL = 2
+
+# After a failed cut attempt, wait until the window has grown by this fraction.
+RETRY_GROWTH = 4  # i.e. by len // 4, and by at least one character
+
+Encoder = Literal["byte_level", "metaspace"]
+
+
+def _without_post_processor(config: dict[str, Any]) -> dict[str, Any]:
+    # The post-processor adds BOS/EOS and trims offsets; we want raw, untrimmed pre-token
+    # offsets and never special tokens of our own.
+    return {**config, "post_processor": None}
+
+
+def _without_prefix_space(config: dict[str, Any]) -> dict[str, Any]:
+    """The same tokenizer, minus what it adds at the very start of a text.
+
+    SentencePiece-style tokenizers prepend "▁" to the whole input (a `Prepend` normalizer or
+    `Metaspace(prepend_scheme=...)`); byte-level ones may `add_prefix_space`. A window that
+    continues a stream is not the start of the text, so it must not get that prefix.
+    """
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if kind == "Sequence":
+                key = "normalizers" if "normalizers" in node else "pretokenizers"
+                kept = [strip(child) for child in node.get(key, []) if not _is_prepend(child)]
+                return {**node, key: kept}
+            if kind == "Metaspace":
+                return {**node, "prepend_scheme": "never", "add_prefix_space": False}
+            if kind == "ByteLevel":
+                return {**node, "add_prefix_space": False}
+        return node
+
+    normalizer = config.get("normalizer")
+    if _is_prepend(normalizer):
+        normalizer = None
+    return {
+        **config,
+        "normalizer": strip(normalizer),
+        "pre_tokenizer": strip(config.get("pre_tokenizer")),
+    }
+
+
+def _is_prepend(node: Any) -> bool:
+    return isinstance(node, dict) and node.get("type") == "Prepend"
+
+
+def _build(config: dict[str, Any]) -> Tokenizer:
+    tokenizer = Tokenizer.from_str(json.dumps(config))
+    # Special-token strings inside generated text are text, as llama.cpp treats them with
+    # parse_special=false and vLLM when detokenized output is re-read.
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class RetokenizerScheme:
+    """Everything about one tokenizer that streams share; built once at start-up."""
+
+    first: Tokenizer  # encodes a window that starts the text
+    rest: Tokenizer  # encodes a window that continues the text
+    encoder: Encoder
+    # Every proper prefix of an added token that is matched inside text (non-special added
+    # tokens, e.g. Qwen's "<think>"), so a partial one at the window's end is held back.
+    added_prefixes: frozenset[str]
+    longest_added_prefix: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer, encoder: Encoder) -> RetokenizerScheme:
+        config = _without_post_processor(json.loads(tokenizer.to_str()))
+        if encoder == "metaspace":
+            _check_spaces_are_hard_boundaries(config)
+        prefixes = {
+            token.content[:i]
+            for token in tokenizer.get_added_tokens_decoder().values()
+            if not token.special
+            for i in range(1, len(token.content))
+        }
+        return cls(
+            first=_build(config),
+            rest=_build(_without_prefix_space(config)),
+            encoder=encoder,
+            added_prefixes=frozenset(prefixes),
+            longest_added_prefix=max(map(len, prefixes), default=0),
+        )
+
+    def encode(self, text: str, *, at_start: bool) -> list[int]:
+        """Encode a piece of text as the backend would, at the start of a text or not."""
+        tokenizer = self.first if at_start else self.rest
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+
+def _check_spaces_are_hard_boundaries(config: dict[str, Any]) -> None:
+    # For SentencePiece-style vocabularies we cut before a space that follows a non-space.
+    # That is only sound if no token contains "▁" after another character, i.e. no merge can
+    # span the cut. True for Llama-2/Mistral vocabularies; refuse anything else loudly.
+    vocab = config.get("model", {}).get("vocab", {})
+    tokens = vocab.keys() if isinstance(vocab, dict) else (entry[0] for entry in vocab)
+    for token in tokens:
+        body = token.lstrip("▁")
+        if "▁" in body:
+            raise ValueError(
+                f"metaspace vocabulary has token {token!r} with an inner '▁': "
+                "space boundaries are not safe cut points for this tokenizer"
+            )
+
+
+class Retokenizer:
+    """Turns one stream's text deltas into final token IDs. One instance per response."""
+
+    __slots__ = ("_at_start", "_next_attempt", "_scheme", "_window")
+
+    def __init__(self, scheme: RetokenizerScheme, *, at_start: bool = True) -> None:
+        # `at_start=False` continues a text that other means have tokenized so far (a span of
+        # backend IDs before it): no start-of-text prefix space (see _without_prefix_space).
+        self._scheme = scheme
+        self._window = ""
+        self._at_start = at_start
+        self._next_attempt = 0
+
+    def feed(self, text: str) -> list[int]:
+        """Add a text delta; return the IDs that became final (possibly none)."""
+        if not text:
+            return []
+        self._window += text
+        if len(self._window) < self._next_attempt:
+            return []
+        return self._commit()
+
+    def flush(self) -> list[int]:
+        """End of the text: return the IDs of everything still held back."""
+        window, self._window = self._window, ""
+        if not window:
+            return []
+        ids = self._scheme.encode(window, at_start=self._at_start)
+        self._at_start = False
+        return ids
+
+    def _commit(self) -> list[int]:
+        window = self._window
+        scheme = self._scheme
+        encoding = (scheme.first if self._at_start else scheme.rest).encode(
+            window, add_special_tokens=False
+        )
+        offsets = encoding.offsets
+        limit = self._cut_limit(window)
+        byte_level = scheme.encoder == "byte_level"
+        words = encoding.word_ids if byte_level else ()
+        candidates: list[tuple[int, int]] = []  # (token index, character) where a word starts
+        # The furthest raw character any token so far came from. A cut is only clean if no
+        # earlier token reaches past it: a normalizer can expand one raw character into text
+        # of two pre-tokens (NFC turns U+0958 into U+0915 U+093C), and cutting there would
+        # encode that character twice.
+        reach = 0
+        for index in range(1, len(offsets)):
+            reach = max(reach, offsets[index - 1][1])
+            start = offsets[index][0]
+            if start > limit:
+                break
+            if start == 0 or reach > start:
+                continue
+            if byte_level:
+                # A pre-token (a "word") starts where the word index changes.
+                starts_word = words[index] != words[index - 1] or words[index] is None
+            else:
+                # SentencePiece: a space after a non-space starts a word; no token spans it.
+                starts_word = window[start] == " " and window[start - 1] != " "
+            if starts_word:
+                candidates.append((index, start))
+        for cut_token, cut_char in reversed(candidates):
+            if self._normalizes_apart(window, cut_char):
+                self._window = window[cut_char:]
+                self._at_start = False
+                self._next_attempt = 0
+                ids: list[int] = encoding.ids[:cut_token]
+                return ids
+        self._next_attempt = len(window) + max(1, len(window) // RETRY_GROWTH)
+        return []
+
+    def _normalizes_apart(self, window: str, cut: int) -> bool:
+        """Whether normalizing the two sides of a cut apart gives the whole's normalization.
+
+        Offsets cannot always show it: NFC composes `e` + U+0344 into `ë` + U+0301, with the
+        second half of one raw character in each pre-token.
+        """
+        scheme = self._scheme
+        head = (scheme.first if self._at_start else scheme.rest).normalizer
+        if head is None:
+            return True
+        tail = scheme.rest.normalizer
+        rest = window[cut:]
+        normalized_rest = tail.normalize_str(rest) if tail is not None else rest
+        return bool(
+            head.normalize_str(window) == head.normalize_str(window[:cut]) + normalized_rest
+        )
+
+    def _cut_limit(self, window: str) -> int:
+        """The furthest character position a cut may be at (see the module docstring)."""
+        end = len(window)
+        if self._scheme.longest_added_prefix:
+            # A partial added token at the end may complete; if it does, the text before it
+            # becomes a segment of its own and its trailing pre-tokens regroup as at the end
+            # of a text ("  </think>" is "ĠĠ", "</think>"). So treat its start as the end.
+            prefixes = self._scheme.added_prefixes
+            for start in range(max(0, end - self._scheme.longest_added_prefix), end):
+                if window[start:] in prefixes:
+                    end = start
+                    break
+        apostrophe = window.find("'", len(window) - CONTRACTION_TAIL)
+        if apostrophe >= 0:
+            end = min(end, apostrophe)
+        return len(window[:end].rstrip()) - 1

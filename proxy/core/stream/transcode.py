@@ -1,0 +1,225 @@
+"""One Codec response: upstream SSE bytes in, Codec frames out.
+
+    bytes --SSEDecoder--> events --parse_*_chunk--> deltas --IdSource--> IDs --> Frame
+
+The transcoder guarantees the stream's one hard rule (codec-spec.md §2, §12 items 6–9): whatever
+the upstream does — finishes, sends an error event, sends garbage, or just stops — exactly one
+terminal frame (`done=True`) is produced, it is the last, and nothing follows it. Non-terminal
+frames are never empty. Text that was received but not yet final when the upstream failed is
+still delivered (in a frame before the terminal one): an error loses nothing.
+
+IDs come from the text (retokenized) or from the backend (proxy/core/stream/token_source.py); chat
+tool calls are assembled from their deltas and ride on the next frame that goes out
+(codec-spec.md §2.5: a frame with no IDs may only be the terminal one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.core.errors import ProxyError
+from proxy.core.stream.chunks import ChunkDelta, StreamDone, StreamFailure, Usage
+from proxy.core.stream.retokenizer import RetokenizerScheme
+from proxy.core.stream.sse import SSEDecoder
+from proxy.core.stream.token_bytes import TokenBytes
+from proxy.core.stream.token_source import (
+    BACKEND,
+    RETOKENIZED,
+    IdSource,
+    ReportedIds,
+    RetokenizedIds,
+    TokenIdMode,
+)
+from proxy.core.stream.tool_calls import ToolCallAssembler
+from proxy.core.wire import finish
+from proxy.core.wire.frames import Frame
+from proxy.core.wire.tool_calls import ToolCall
+
+ChunkParser = Callable[[str], ChunkDelta | StreamDone | StreamFailure]
+
+# Upstream finish words after which open tool calls are whole (the turn ended normally).
+_CALLS_COMPLETE = frozenset({"tool_calls", "function_call", "stop", "eos_token"})
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """How a finished stream ended, for logs and metrics."""
+
+    finish_reason: str
+    error: str | None
+    tokens: int
+    usage: Usage | None
+    token_source: str = RETOKENIZED
+    retokenized_spans: int = 0
+    tool_calls: int = 0
+
+
+class CodecTranscoder:
+    """Turns one upstream SSE response into Codec frames. One instance per response."""
+
+    def __init__(
+        self,
+        scheme: RetokenizerScheme,
+        parse_chunk: ChunkParser,
+        *,
+        max_event_bytes: int = 1 << 20,
+        token_ids: TokenIdMode = "retokenize",
+        token_bytes: TokenBytes | None = None,
+    ) -> None:
+        if token_ids != "retokenize" and token_bytes is None:
+            raise ValueError(f"token_ids={token_ids!r} needs the tokenizer's TokenBytes")
+        self._sse = SSEDecoder(max_event_bytes=max_event_bytes)
+        self._parse = parse_chunk
+        self._scheme = scheme
+        self._mode = token_ids
+        self._token_bytes = token_bytes
+        # Decided by the first chunk with output (auto/backend), or at once (retokenize).
+        self._source: IdSource | None = (
+            RetokenizedIds(scheme) if token_ids == "retokenize" else None
+        )
+        self._tool_calls = ToolCallAssembler()
+        self._calls: list[ToolCall] = []  # complete, waiting for a frame to ride on
+        self._tokens = 0
+        self._usage: Usage | None = None
+        self._outcome: StreamOutcome | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the terminal frame has been produced; later input is ignored."""
+        return self._outcome is not None
+
+    @property
+    def outcome(self) -> StreamOutcome | None:
+        return self._outcome
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def token_source(self) -> str | None:
+        """`backend` or `retokenized` once known; None while no output has arrived."""
+        if self._source is not None:
+            return self._source.name
+        if self._outcome is not None:
+            return self._outcome.token_source
+        return None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Upstream bytes in; the frames they complete out."""
+        if self._outcome is not None:
+            return []
+        frames: list[Frame] = []
+        try:
+            for event in self._sse.feed(data):
+                if event.data:
+                    self._on_chunk(self._parse(event.data), frames)
+                    if self.done:
+                        return frames
+        except ProxyError as exc:
+            self._terminate(frames, finish.ERROR, error=exc.message)
+            return frames
+        if self._source is not None:
+            ids = self._source.take()
+            if ids:
+                self._emit(frames, Frame(tuple(ids), tool_calls=self._take_calls()))
+        return frames
+
+    def flush(self) -> list[Frame]:
+        """The upstream closed its body. Ends the stream if no finish was seen."""
+        frames: list[Frame] = []
+        if self._outcome is None:
+            self._sse.flush()
+            self._terminate(
+                frames, finish.ERROR, error="upstream closed the stream before finishing"
+            )
+        return frames
+
+    def fail(self, error: str) -> list[Frame]:
+        """The upstream failed (connection lost, timeout): end the stream with an error frame."""
+        frames: list[Frame] = []
+        if self._outcome is None:
+            self._terminate(frames, finish.ERROR, error=error)
+        return frames
+
+    def _on_chunk(
+        self, chunk: ChunkDelta | StreamDone | StreamFailure, frames: list[Frame]
+    ) -> None:
+        if isinstance(chunk, StreamFailure):
+            self._terminate(frames, finish.ERROR, error=f"upstream error: {chunk.message}")
+            return
+        if isinstance(chunk, StreamDone):
+            # [DONE] before any finish_reason: the backend did not say why it stopped.
+            self._terminate(
+                frames, finish.ERROR, error="upstream sent [DONE] without finish_reason"
+            )
+            return
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        if chunk.tool_calls:
+            self._calls += self._tool_calls.feed(chunk.tool_calls)
+        source = self._source
+        if source is None and (chunk.text or chunk.token_ids):
+            source = self._decide(chunk.token_ids is not None)
+            if source is None:
+                self._terminate(
+                    frames,
+                    finish.ERROR,
+                    error="token_ids=backend, but the upstream reported no token IDs",
+                )
+                return
+        if source is not None:
+            source.add(chunk.text, chunk.token_ids)
+        if chunk.finish_reason is None:
+            return
+        if chunk.finish_reason in _CALLS_COMPLETE:
+            self._calls += self._tool_calls.flush()
+        reason = finish.codec_finish_reason(chunk.finish_reason, chunk.stop_reason)
+        if self._tool_calls.emitted and chunk.finish_reason in _CALLS_COMPLETE:
+            reason = finish.TOOL_CALL
+        # The last IDs ride on the terminal frame, as the reference engines do (interop.md §0.4).
+        self._finish(frames, self._drain(), reason, error=None)
+
+    def _decide(self, has_ids: bool) -> IdSource | None:
+        # The first chunk with output decides (token_source.py); `backend` insists on IDs.
+        if has_ids and self._token_bytes is not None:
+            self._source = ReportedIds(self._scheme, self._token_bytes)
+        elif self._mode == "backend":
+            return None
+        else:
+            self._source = RetokenizedIds(self._scheme)
+        return self._source
+
+    def _drain(self) -> list[int]:
+        return self._source.flush() if self._source is not None else []
+
+    def _terminate(self, frames: list[Frame], reason: str, *, error: str) -> None:
+        # Deliver what we hold in its own frame: the terminal error frame stays `ids: []`.
+        # Tool calls still open were cut off: only whole calls are ever sent.
+        pending = self._drain()
+        if pending:
+            self._emit(frames, Frame(tuple(pending), tool_calls=self._take_calls()))
+        self._finish(frames, [], reason, error=error)
+
+    def _finish(
+        self, frames: list[Frame], ids: list[int], reason: str, *, error: str | None
+    ) -> None:
+        source = self._source
+        if source is not None:
+            name, spans = source.name, source.retokenized_spans
+        else:
+            name, spans = (BACKEND if self._mode == "backend" else RETOKENIZED), 0
+        self._emit(frames, Frame(tuple(ids), True, reason, self._take_calls()))
+        self._outcome = StreamOutcome(
+            reason, error, self._tokens, self._usage, name, spans, self._tool_calls.emitted
+        )
+
+    def _take_calls(self) -> tuple[ToolCall, ...]:
+        calls = tuple(self._calls)
+        self._calls.clear()
+        return calls
+
+    def _emit(self, frames: list[Frame], frame: Frame) -> None:
+        self._tokens += len(frame.ids)
+        frames.append(frame)

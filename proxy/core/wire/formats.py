@@ -1,0 +1,45 @@
+"""The `stream_format` values a client may ask for: one registry for Path A, Path B and the
+encoders (codec-spec.md §1).
+
+`json` is the OpenAI stream, passed through; the binary formats are Codec. `protobuf-delta` is
+accepted but has no defined wire layout (§1.5, §11 item 8): it is answered as `protobuf`, which
+the response names in `Codec-Stream-Format`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from proxy.core.errors import BadRequest
+
+JSON: Final = "json"
+MSGPACK: Final = "msgpack"
+MSGPACK_DELTA: Final = "msgpack-delta"
+PROTOBUF: Final = "protobuf"
+PROTOBUF_DELTA: Final = "protobuf-delta"
+
+# Every binary format a client may ask for, and the one actually sent for it.
+SENT_AS: Final[Mapping[str, str]] = {
+    MSGPACK: MSGPACK,
+    MSGPACK_DELTA: MSGPACK_DELTA,
+    PROTOBUF: PROTOBUF,
+    PROTOBUF_DELTA: PROTOBUF,
+}
+BINARY_FORMATS: Final = tuple(SENT_AS)
+STREAM_FORMATS: Final = (JSON, *BINARY_FORMATS)
+
+
+def check_stream_format(value: object, *, json_allowed: bool = True) -> str:
+    """`value` if it names a supported format, else 400 `invalid_stream_format` listing them.
+
+    Path A (`/v1/completions`, chat) allows `json`; Path B's `CodecRequest` is Codec only.
+    """
+    supported = STREAM_FORMATS if json_allowed else BINARY_FORMATS
+    if isinstance(value, str) and value in supported:
+        return value
+    shown = f"{value!r}" if isinstance(value, str) else f"of type {type(value).__name__}"
+    raise BadRequest(
+        f"unsupported stream_format {shown}; supported values: {', '.join(supported)}",
+        code="invalid_stream_format",
+    )

@@ -1,0 +1,302 @@
+"""Serve one Codec stream: an upstream JSON-SSE response re-framed as Codec frames.
+
+Every Codec entry point (Path A `/v1/completions`, chat, Path B `/v1/completions/codec`) builds
+a `CodecPlan` with `codec_plan` and calls `serve_codec`. The bytes are pumped through a
+`CodecBody` (proxy/core/bodies.py: the transcoder, the guard that applies the client's
+finish-reason floor and the safety policy, and the body writer that encodes, compresses and
+flushes) by the shared pump (proxy/server/streaming.py). This module only decides the plan and
+the headers, asks the upstream, and ends the exchange.
+
+The response starts once the first frame is ready and the token source is known. Until then
+nothing has reached the client, so a timeout or an upstream failure is still a clean HTTP error
+(504/502); after it, every failure becomes the one terminal error frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from proxy.core.bodies import CodecBody
+from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
+from proxy.core.compression.compressors import new_compressor
+from proxy.core.compression.dictionaries import LoadedZstdDictionary
+from proxy.core.compression.flush import FlushConfig
+from proxy.core.endpoints import Endpoint
+from proxy.core.errors import ServiceUnavailable
+from proxy.core.guard import StreamGuard
+from proxy.core.http.content_coding import IDENTITY, ZSTD, ContentCoding, negotiate_coding
+from proxy.core.http.negotiation import wants_prefixed_msgpack
+from proxy.core.http.upstream_body import UpstreamRequest
+from proxy.core.http.versioning import ClientVersion, allows_header
+from proxy.core.safety.stream import PolicedIds
+from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.wire.frames import FrameEncoder, encoder_for
+from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
+from proxy.server.local import READINESS
+from proxy.server.metrics import METRICS
+from proxy.server.models import MODELS
+from proxy.server.observe import RECORD
+from proxy.server.relay import relay_response
+from proxy.server.streaming import (
+    combined_header,
+    forward_headers,
+    stream_response,
+    upstream_exchange,
+)
+from proxy.server.upstream import Exchange
+from proxy.server.versioning import codec_gate
+from proxy.server.well_known import TOKENIZER_MAP, ZSTD_DICTIONARIES
+
+log = logging.getLogger("codec_proxy")
+
+# The client's content negotiation is about the Codec response, not the upstream's SSE: the
+# upstream must send plain, uncompressed SSE that we can parse.
+_UPSTREAM_DROP = ("accept", "accept-encoding", "content-type", "content-encoding")
+_UPSTREAM_ADD = [
+    ("Accept", "text/event-stream"),
+    ("Accept-Encoding", "identity"),
+    ("Content-Type", "application/json"),
+]
+# After the terminal frame the upstream has only its usage chunk and [DONE] left; reading them
+# lets the pooled connection be reused instead of closed. The client's kept-alive connection
+# waits for this (the handler has not returned yet), so the wait is short: backends send them
+# right after the final chunk, and past that a new upstream connection is the cheaper loss.
+_DRAIN_LIMIT_BYTES = 64 * 1024
+_DRAIN_SECONDS = 0.1
+# An upstream that refuses the token-ID fields we added (auto mode) is asked again without.
+_REFUSED = frozenset({400, 422})
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class CodecPlan:
+    """Everything decided about a Codec response before the upstream is contacted."""
+
+    endpoint: Endpoint
+    upstream_path: str
+    upstream: UpstreamRequest
+    client: ClientVersion
+    encoder: FrameEncoder
+    # Where the frames' IDs come from (core/stream/token_source.py).
+    token_ids: TokenIdMode = "retokenize"
+    # Path B: CodecRequest names no model; use --model or the upstream's only one.
+    resolve_model: bool = False
+    # `Codec-Tokenizer-Map: <id> sha256:<64 hex>` of the map the IDs follow (floor v0.2).
+    tokenizer_map: str | None = None
+    # Negotiated from Accept-Encoding (core/http/content_coding.py); zstd carries its dictionary.
+    coding: ContentCoding = IDENTITY
+    zstd_dictionary: LoadedZstdDictionary | None = None
+
+    def response_headers(self, token_source: str) -> dict[str, str]:
+        headers = {
+            "Content-Type": self.encoder.content_type,
+            # Intermediaries must neither cache nor buffer a token stream (peers.md must-have 3).
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            # The body depends on both (v0.6-wire §2.2: Codec-Client-Version, or caches poison).
+            "Vary": "Accept-Encoding, Codec-Client-Version",
+            # The format actually sent: `protobuf` answers a `protobuf-delta` request
+            # (codec-spec.md §1.5, §11 item 29: the I-D's unnamed fall-back header).
+            "Codec-Stream-Format": self.encoder.stream_format,
+            # `backend` (the model's sampled IDs) or `retokenized` (core/stream/token_source.py).
+            "Codec-Token-Source": token_source,
+        }
+        if self.tokenizer_map is not None:
+            headers["Codec-Tokenizer-Map"] = self.tokenizer_map
+        if self.coding != IDENTITY:
+            headers["Content-Encoding"] = self.coding
+        if self.coding == ZSTD and self.zstd_dictionary is not None:
+            # MUST on every zstd response and only there (codec-spec.md §4, §5).
+            headers["Codec-Zstd-Dict"] = self.zstd_dictionary.record.hash
+        return headers
+
+
+def codec_plan(
+    request: web.Request,
+    endpoint: Endpoint,
+    *,
+    upstream_path: str,
+    upstream: UpstreamRequest,
+    stream_format: str,
+    resolve_model: bool = False,
+) -> CodecPlan:
+    """The plan every Codec entry point builds: encoder from `stream_format` and `Accept`,
+    content coding from `Accept-Encoding`.
+
+    Called before any upstream contact, so a 426 (version gate, codec-spec.md §6) or a 406 (no
+    acceptable coding) never costs the backend anything.
+    """
+    client = codec_gate(request)
+    encoder = encoder_for(
+        stream_format, prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept"))
+    )
+    dictionary = request.app[ZSTD_DICTIONARIES].for_format(encoder.stream_format)
+    coding = negotiate_coding(
+        combined_header(request, "Accept-Encoding"),
+        zstd_dictionary=dictionary is not None,
+        # zstd responses must carry Codec-Zstd-Dict: only for clients allowed that header.
+        allow_zstd=allows_header(client, "Codec-Zstd-Dict"),
+    )
+    return CodecPlan(
+        endpoint,
+        upstream_path,
+        upstream,
+        client,
+        encoder,
+        token_ids=request.app[SETTINGS].token_ids,
+        resolve_model=resolve_model,
+        tokenizer_map=request.app[TOKENIZER_MAP].header_value,
+        coding=coding,
+        zstd_dictionary=dictionary if coding == ZSTD else None,
+    )
+
+
+async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
+    app = request.app
+    # Never stream IDs while a readiness check (the tokenizer drift check) says they would be
+    # wrong; JSON requests do not come here and keep passing through.
+    refusal = app[READINESS].codec_refusal()
+    if refusal is not None:
+        raise ServiceUnavailable(refusal.detail, code=refusal.reason)
+    record = request[RECORD]
+    record.mode = "codec"
+    record.stream_format = plan.encoder.stream_format
+    record.encoding = plan.coding
+    model = app[SETTINGS].model
+    if plan.resolve_model:
+        model = await app[MODELS].default_name()
+    async with _open_upstream(request, plan, model) as (exchange, asked_for_ids):
+        if exchange.response.status != 200:
+            # Before the stream starts the upstream's own error is the best answer.
+            return await relay_response(request, exchange)
+        return await _serve(request, plan, exchange, asked_for_ids)
+
+
+@contextlib.asynccontextmanager
+async def _open_upstream(
+    request: web.Request, plan: CodecPlan, model: str | None
+) -> AsyncIterator[tuple[Exchange, bool]]:
+    """The upstream exchange, and whether its request asked for token IDs."""
+    headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
+    ask = plan.token_ids != "retokenize"
+
+    def exchange(ask_for_ids: bool) -> contextlib.AbstractAsyncContextManager[Exchange]:
+        body = plan.upstream.body(model=model, ask_for_ids=ask_for_ids)
+        return upstream_exchange(
+            request,
+            mode="codec",
+            method="POST",
+            path_qs=plan.upstream_path,
+            headers=headers,
+            body=body,
+        )
+
+    async with exchange(ask) as first:
+        status = first.response.status
+        if not (ask and plan.token_ids == "auto" and status in _REFUSED):
+            yield first, ask
+            return
+        detail = await first.response.content.read(_ERROR_BODY_LIMIT)
+    # `auto` promises the text either way: an upstream that rejects the added fields is asked
+    # again without them, so their names never reach the client in an error either.
+    log.info("upstream refused the token-ID fields (%d %r); retokenizing", status, detail[:200])
+    async with exchange(False) as second:
+        yield second, False
+
+
+def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> CodecBody:
+    app = request.app
+    settings = app[SETTINGS]
+    vocabulary = app[VOCABULARY]
+    transcoder = CodecTranscoder(
+        vocabulary.scheme,
+        plan.endpoint.parse_chunk,
+        max_event_bytes=settings.max_event_bytes,
+        token_ids=plan.token_ids if asked_for_ids else "retokenize",
+        token_bytes=vocabulary.token_bytes,
+    )
+    policy = app.get(SAFETY_POLICY)
+    policed = None if policy is None else PolicedIds(policy.rules, vocabulary.loaded.tokenizer)
+    # The guard applies the client's finish-reason floor and, when enabled, the policy.
+    guard = StreamGuard(transcoder, plan.client, policed)
+    flush = IDENTITY_FLUSH
+    if plan.coding != IDENTITY:
+        flush = FlushConfig(
+            settings.flush_interval_ms, settings.flush_frames, merge=settings.merge_frames
+        )
+    compressor = new_compressor(plan.coding, plan.zstd_dictionary)
+    return CodecBody(guard, BodyWriter(plan.encoder, compressor, flush))
+
+
+async def _serve(
+    request: web.Request, plan: CodecPlan, exchange: Exchange, asked_for_ids: bool
+) -> web.StreamResponse:
+    app = request.app
+    body = _body(request, plan, asked_for_ids)
+    guard = body.guard
+    request[RECORD].phase = "first_token"
+
+    def start() -> web.StreamResponse:
+        headers = plan.response_headers(guard.token_source or RETOKENIZED)
+        policy = app.get(SAFETY_POLICY)
+        if policy is not None:
+            # Withheld from clients below 0.4 by the header floor hook (server/versioning.py).
+            headers.update(policy.response_headers())
+        return web.StreamResponse(status=200, headers=headers)
+
+    response = await stream_response(
+        request,
+        exchange,
+        body,
+        start,
+        encoding=plan.coding,
+        overhead=app[METRICS].overhead.labels("codec"),
+    )
+    _account(request, plan, guard)
+    if guard.stopped is not None:
+        # Category names are public (in the descriptor); rule contents never are.
+        log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)
+    if guard.stopped is not None or request.transport is None or request.transport.is_closing():
+        # Cancel, don't drain: closing the connection is what makes the backend stop.
+        exchange.response.close()
+    else:
+        await _drain(exchange.response)
+    return response
+
+
+def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard) -> None:
+    record = request[RECORD]
+    outcome = guard.outcome
+    tokens = outcome.tokens if outcome is not None else 0
+    record.tokens = tokens
+    request.app[METRICS].tokens.labels(plan.encoder.stream_format).inc(tokens)
+    if guard.stopped is not None:
+        record.outcome = "policy_stop"
+    elif outcome is not None and outcome.error:
+        record.outcome = record.outcome if record.outcome != "ok" else "upstream_error"
+        log.warning("codec stream ended with error: %s", outcome.error)
+    if outcome is not None and outcome.retokenized_spans:
+        log.info(
+            "backend IDs did not account for %d span(s); those were retokenized",
+            outcome.retokenized_spans,
+        )
+
+
+async def _drain(upstream: aiohttp.ClientResponse) -> None:
+    async def read_rest() -> None:
+        seen = 0
+        async for chunk in upstream.content.iter_any():
+            seen += len(chunk)
+            if seen > _DRAIN_LIMIT_BYTES:
+                return
+
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        await asyncio.wait_for(read_rest(), _DRAIN_SECONDS)

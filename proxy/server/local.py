@@ -1,0 +1,58 @@
+"""The proxy's own routes, answered here and never relayed upstream: `/livez`, `/readyz`,
+`/metrics` and `/codec/schema` (every method: the ones they do not take get a JSON 405)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from proxy.core.backend.readiness import Readiness
+from proxy.server.errors import method_not_allowed
+from proxy.server.lifecycle import LIFECYCLE
+from proxy.server.metrics import METRICS
+
+READINESS = web.AppKey("readiness", Readiness)
+# What `GET /codec/schema` serves: the proto3 schema of exactly what is emitted.
+SCHEMA_TEXT = web.AppKey("schema_text", str)
+LOCAL_PATHS = ("/livez", "/readyz", "/metrics", "/codec/schema")
+
+
+async def livez(request: web.Request) -> web.Response:
+    """The process runs and its event loop answers."""
+    uptime = time.monotonic() - request.app[LIFECYCLE].started
+    return web.json_response({"status": "alive", "uptime_seconds": round(uptime, 3)})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 when every readiness check passes, else 503 with the reasons."""
+    readiness = request.app[READINESS]
+    return web.json_response(
+        readiness.report(),
+        status=200 if readiness.ready else 503,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS].exposition()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
+async def schema(request: web.Request) -> web.Response:
+    """`GET /codec/schema` (codec-spec.md §3.4)."""
+    return web.Response(text=request.app[SCHEMA_TEXT], content_type="text/plain")
+
+
+async def not_allowed(request: web.Request) -> web.Response:
+    return method_not_allowed(request.method, request.path, "GET, HEAD")
+
+
+def routes() -> list[web.RouteDef]:
+    handlers = dict(zip(LOCAL_PATHS, (livez, readyz, metrics, schema), strict=True))
+    return [
+        *(web.get(path, handler) for path, handler in handlers.items()),
+        *(web.route("*", path, not_allowed) for path in LOCAL_PATHS),
+    ]

@@ -1,0 +1,64 @@
+"""The upstream's `GET /v1/models`: one fetch path for every use of it.
+
+Path B names its model from it when `--model` is not set (`CodecRequest` has no model field,
+codec-spec.md §3.3), and the drift check reads the backend's vocabulary size from it. The
+parsing is `proxy.core.backend.models`; this module does the request and remembers the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+from proxy.core.backend.models import MODELS_PATH, ModelEntry, only_model, parse_models
+from proxy.core.errors import UpstreamUnavailable
+from proxy.server.upstream import UpstreamPool
+
+_HEADERS = (("Accept", "application/json"), ("Accept-Encoding", "identity"))
+_BODY_LIMIT = 1 << 20
+_REQUEST_SECONDS = 10.0
+
+
+class UpstreamModels:
+    """The models the upstream lists, looked up on first use and remembered."""
+
+    def __init__(self, pool: UpstreamPool, configured: str | None) -> None:
+        self._pool = pool
+        self._configured = configured
+        self._listing: tuple[ModelEntry, ...] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def configured(self) -> str | None:
+        """`--model`: what requests that name no model are sent with."""
+        return self._configured
+
+    async def listing(self, *, fresh: bool = False) -> tuple[ModelEntry, ...]:
+        """The upstream's models; `fresh` asks again instead of using the remembered answer.
+        `UpstreamUnavailable` or `UpstreamProtocolError` when it cannot be had."""
+        async with self._lock:  # one lookup, however many requests are waiting for it
+            if self._listing is None or fresh:
+                self._listing = await self._fetch()
+            return self._listing
+
+    async def default_name(self) -> str:
+        """The model for requests that name none: `--model`, else the upstream's only one."""
+        if self._configured is not None:
+            return self._configured
+        return only_model(await self.listing())
+
+    async def _fetch(self) -> tuple[ModelEntry, ...]:
+        try:
+            async with asyncio.timeout(_REQUEST_SECONDS):
+                async with self._pool.request(
+                    "GET", MODELS_PATH, headers=_HEADERS, data=None
+                ) as response:
+                    status, body = response.status, await response.content.read(_BODY_LIMIT)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamUnavailable(f"GET {MODELS_PATH} failed: {exc!r}") from exc
+        return parse_models(status, body)
+
+
+MODELS = web.AppKey("models", UpstreamModels)

@@ -1,0 +1,136 @@
+"""JSON completions under a safety policy: the upstream's answer, checked before it is sent.
+
+Only used when a policy is configured; without one, JSON stays on the byte-for-byte relay.
+Streamed answers go through the shared pump with a `PolicedJsonBody`; whole bodies are read
+(up to `max_body_bytes`), checked and sent at once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from proxy.core.bodies import PolicedJsonBody
+from proxy.core.endpoints import Endpoint
+from proxy.core.errors import UpstreamProtocolError
+from proxy.core.safety.json_policing import JsonStreamPolicer, Verdict, police_json_body
+from proxy.core.safety.policy import SafetyPolicy
+from proxy.core.safety.stream import PolicedText
+from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
+from proxy.server.observe import RECORD
+from proxy.server.relay import relay_response
+from proxy.server.streaming import (
+    forward_headers,
+    request_target,
+    stream_response,
+    upstream_exchange,
+    upstream_response_headers,
+)
+from proxy.server.upstream import Exchange
+
+log = logging.getLogger("codec_proxy")
+
+# We must read the text to check it: ask for it uncompressed (the body sent up is the decoded
+# one, proxy/server/generation.py: read_body).
+_UPSTREAM_DROP = ("accept-encoding", "content-encoding")
+_UPSTREAM_ADD = [("Accept-Encoding", "identity")]
+# Rewritten bodies get their own length; the policy headers depend on the client's version.
+_RESPONSE_DROP = ("content-length", "content-encoding")
+
+
+async def police_json(request: web.Request, body: bytes, endpoint: Endpoint) -> web.StreamResponse:
+    policy = request.app[SAFETY_POLICY]
+    async with upstream_exchange(
+        request,
+        mode="policed",
+        method=request.method,
+        path_qs=request_target(request),
+        headers=forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD,
+        body=body,
+    ) as exchange:
+        upstream = exchange.response
+        if upstream.status != 200:
+            return await relay_response(request, exchange)
+        if upstream.headers.get("Content-Encoding", "identity").lower() != "identity":
+            raise UpstreamProtocolError(
+                "upstream sent a compressed completion; it cannot be checked against the policy",
+                code="unpoliceable_response",
+            )
+        if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return await _police_stream(request, exchange, policy, endpoint)
+        return await _police_body(request, exchange, policy, endpoint)
+
+
+def _policed_text(request: web.Request, policy: SafetyPolicy) -> PolicedText:
+    vocabulary = request.app[VOCABULARY]
+    return PolicedText(policy.rules, vocabulary.scheme, vocabulary.loaded.tokenizer)
+
+
+def _headers(upstream: aiohttp.ClientResponse, policy: SafetyPolicy) -> list[tuple[str, str]]:
+    kept = upstream_response_headers(upstream, drop=_RESPONSE_DROP)
+    return [*kept, *policy.response_headers(), ("Vary", "Codec-Client-Version")]
+
+
+async def _police_stream(
+    request: web.Request, exchange: Exchange, policy: SafetyPolicy, endpoint: Endpoint
+) -> web.StreamResponse:
+    policer = JsonStreamPolicer(
+        lambda: _policed_text(request, policy),
+        endpoint.streamed_text,
+        max_event_bytes=request.app[SETTINGS].max_event_bytes,
+    )
+    request[RECORD].phase = "first_byte"
+
+    def start() -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        for name, value in _headers(exchange.response, policy):
+            response.headers.add(name, value)
+        return response
+
+    response = await stream_response(request, exchange, PolicedJsonBody(policer), start)
+    if policer.stopped is not None:
+        # Cancel, don't drain: closing the connection is what makes the backend stop.
+        exchange.response.close()
+    _log(policer.verdict, policer.dropped_events)
+    return response
+
+
+async def _police_body(
+    request: web.Request, exchange: Exchange, policy: SafetyPolicy, endpoint: Endpoint
+) -> web.Response:
+    limit = request.app[SETTINGS].max_body_bytes
+    raw = bytearray()
+    try:
+        while chunk := await exchange.read():
+            raw += chunk
+            if len(raw) > limit:
+                raise UpstreamProtocolError(
+                    "upstream completion body is over max_body_bytes; it was not checked",
+                    code="unpoliceable_response",
+                )
+    except aiohttp.ClientError as exc:
+        raise UpstreamProtocolError(f"upstream body failed: {exc!r}") from exc
+    policed, verdict = police_json_body(
+        bytes(raw), lambda: _policed_text(request, policy), endpoint.body_text
+    )
+    _log(verdict, 0)
+    response = web.Response(status=200, body=policed)
+    for name, value in _headers(exchange.response, policy):
+        response.headers.add(name, value)
+    return response
+
+
+def _log(verdict: Verdict, dropped: int) -> None:
+    # Category names are public (they are in the descriptor); rule contents never are.
+    if verdict.stop is not None:
+        log.info("safety policy stopped a JSON completion (category %s)", verdict.stop)
+    if verdict.redactions:
+        log.info(
+            "safety policy redacted %d span(s) of a JSON completion (categories %s)",
+            len(verdict.redactions),
+            ", ".join(sorted(set(verdict.redactions))),
+        )
+    if dropped:
+        log.warning("dropped %d unparsable upstream event(s) from a policed stream", dropped)

@@ -1,0 +1,240 @@
+"""One upstream exchange, one client response: every streamed answer goes through here.
+
+Pass-through, policed JSON and Codec differ only in their `ResponseBody` (proxy/core/bodies.py)
+and their headers. What they share is done once, here:
+
+* `upstream_exchange`: the request goes upstream through the pool; the request record, the
+  active-streams gauge and the drain's stream tracking follow it; the response is released
+  however the exchange ends.
+* `stream_response`: read until the body is ready (a failure up to then is still a clean 502 or
+  504), start the response, then pump: read with the body's deadline, write what it makes,
+  end it once. A failure mid-body ends the body the way its kind can (a terminal Codec frame)
+  or closes the connection (a truncated JSON body must not look whole).
+* `ClientWriter`: awaited writes (a slow client slows the upstream reads instead of being
+  buffered, peers.md A10), dropped after `write_timeout`, accounted once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import Histogram
+
+from proxy.core.bodies import ResponseBody
+from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.http.headers import end_to_end
+from proxy.server.keys import SETTINGS
+from proxy.server.lifecycle import LIFECYCLE, is_shutdown
+from proxy.server.metrics import METRICS, Metrics
+from proxy.server.observe import RECORD, REQUEST_ID_HEADER, RequestRecord
+from proxy.server.upstream import UPSTREAM, Exchange
+
+# Set by the upstream client from the URL and the body; never copied from the client's request.
+_REQUEST_DROP = ("host", "content-length")
+
+
+def request_target(request: web.Request) -> str:
+    """Path and query exactly as the client wrote them (yarl would re-quote the query)."""
+    raw = request.raw_path
+    return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
+def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The client's end-to-end headers for the upstream request, with our request id."""
+    raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
+    # The request id travels upstream (vLLM logs it), the client's or the one we made up.
+    return [*headers, (REQUEST_ID_HEADER, request[RECORD].id)]
+
+
+def combined_header(request: web.Request, name: str) -> str | None:
+    """A list-valued field sent as several lines is one comma-joined list (RFC 9110 §5.3)."""
+    values = request.headers.getall(name, [])
+    return ", ".join(values) if values else None
+
+
+def upstream_response_headers(
+    upstream: aiohttp.ClientResponse, *, drop: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
+    """The upstream's end-to-end response headers, as sent."""
+    raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
+    return end_to_end(raw, drop=drop)
+
+
+@contextlib.asynccontextmanager
+async def upstream_exchange(
+    request: web.Request,
+    *,
+    mode: str,
+    method: str,
+    path_qs: str,
+    headers: Iterable[tuple[str, str]],
+    body: bytes | None,
+) -> AsyncIterator[Exchange]:
+    """The upstream request of one client request, tracked and accounted; yields once the
+    upstream's response headers are in."""
+    app = request.app
+    record = request[RECORD]
+    record.mode = mode
+    record.phase = "upstream_headers"
+    active = app[METRICS].active_streams.labels(mode)
+    active.inc()
+    try:
+        with app[LIFECYCLE].tracking():
+            async with app[UPSTREAM].open(method, path_qs, headers=headers, data=body) as exchange:
+                record.upstream = exchange.upstream.url
+                try:
+                    yield exchange
+                finally:
+                    # Also when the client hangs up while the rest of the body is drained.
+                    record.bytes_in = exchange.bytes_in
+    finally:
+        active.dec()
+
+
+class ClientStalled(ConnectionResetError):
+    """The client did not take our bytes within the write timeout; it is dropped."""
+
+
+class ClientWriter:
+    """Writes to one client: awaited (backpressure), bounded in time, accounted once."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        *,
+        metrics: Metrics,
+        record: RequestRecord,
+        write_timeout: float,
+        encoding: str = "identity",
+    ) -> None:
+        self._request = request
+        self._response = response
+        self._metrics = metrics
+        self._record = record
+        self._timeout = write_timeout or None
+        self._bytes = metrics.bytes_out.labels(record.mode, encoding)
+        self._gap = metrics.inter_token_gap.labels(record.mode)
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._response.write(data)
+        except TimeoutError as exc:
+            self._metrics.timeouts.labels("write").inc()
+            self._record.outcome = "slow_client"
+            # Abort, not close: a close waits to flush a send queue the client never reads,
+            # keeping the socket and its kernel buffers.
+            if self._request.transport is not None:
+                self._request.transport.abort()
+            raise ClientStalled("client stopped reading") from exc
+        first = self._record.ttft is None
+        gap = self._record.wrote(len(data), time.monotonic())
+        self._bytes.inc(len(data))
+        if first and self._record.ttft is not None:
+            self._metrics.ttft.labels(self._record.mode).observe(self._record.ttft)
+        elif gap is not None:
+            self._gap.observe(gap)
+
+    async def close(self) -> None:
+        async with asyncio.timeout(self._timeout):
+            await self._response.write_eof()
+        self._record.status = self._response.status
+        self._record.completed = True
+
+
+async def stream_response(
+    request: web.Request,
+    exchange: Exchange,
+    body: ResponseBody,
+    start: Callable[[], web.StreamResponse],
+    *,
+    encoding: str = "identity",
+    overhead: Histogram | None = None,
+) -> web.StreamResponse:
+    """Stream `exchange`'s body through `body` to the client; `start()` makes the response
+    once the body is ready. Returns it sent in full, or with its connection closed (the
+    upstream broke mid-body, or the client stopped reading for `write_timeout`)."""
+    app = request.app
+    record = request[RECORD]
+    loop = asyncio.get_running_loop()
+    head = b""
+    ended = False
+    while not body.ready:
+        try:
+            chunk = await exchange.read(body.deadline())
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable(
+                f"upstream failed before the response started: {exc}"
+            ) from exc
+        now = loop.time()
+        if chunk is None:
+            head += body.on_deadline(now)
+        elif chunk:
+            head += body.feed(chunk, now)
+        else:
+            head += body.flush(now)
+            ended = True
+    response = start()
+    await response.prepare(request)
+    writer = ClientWriter(
+        request,
+        response,
+        metrics=app[METRICS],
+        record=record,
+        write_timeout=app[SETTINGS].write_timeout,
+        encoding=encoding,
+    )
+    record.phase = "streaming"
+    try:
+        await writer.write(head)
+        while not (ended or body.done):
+            # Only the upstream side is guarded: a failed write means the client left, and
+            # that must propagate so the upstream request is closed and the backend stops.
+            try:
+                chunk = await exchange.read(body.deadline())
+                now = loop.time()
+                if chunk is None:
+                    data = body.on_deadline(now)
+                elif chunk:
+                    started = time.perf_counter()
+                    data = body.feed(chunk, now)
+                    if overhead is not None:
+                        overhead.observe(time.perf_counter() - started)
+                else:
+                    data, ended = body.flush(now), True
+            except (aiohttp.ClientError, ProxyError) as exc:
+                if isinstance(exc, UpstreamTimeout):
+                    app[METRICS].timeouts.labels("idle").inc()
+                ending = body.fail(f"upstream failed mid-stream: {exc}", loop.time())
+                if ending is None:
+                    # The status line is gone: close the connection rather than end the body
+                    # cleanly, so the client cannot take a truncated body for a whole one.
+                    record.outcome = f"upstream_failed: {type(exc).__name__}"
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
+                data, ended = ending, True
+            await writer.write(data)
+    except ClientStalled:
+        return response  # dropped: its connection is aborted, the exchange closes upstream
+    except asyncio.CancelledError as exc:
+        ending = body.fail("proxy shutting down", loop.time()) if is_shutdown(exc) else None
+        if ending is None:
+            raise
+        # The drain timeout ran out: end the body properly, then finish normally.
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        record.outcome = "ended_by_shutdown"
+        await writer.write(ending)
+    await writer.close()
+    return response

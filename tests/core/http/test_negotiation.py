@@ -1,0 +1,38 @@
+"""`Accept` media types (RFC 9110 §12.5.1) and the one qvalue grammar (§12.4.2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.core.http.negotiation import (
+    PREFIXED_MSGPACK_MEDIA_TYPE,
+    accepted_media_types,
+    parse_qvalue,
+    wants_prefixed_msgpack,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "q"),
+    [("1", 1.0), ("1.000", 1.0), ("0", 0.0), ("0.5", 0.5), (" 0.125 ", 0.125),
+     ("1.5", None), ("2", None), ("0.1234", None), ("", None), ("x", None), ("-0", None)],
+)  # fmt: skip
+def test_qvalue_grammar(raw: str, q: float | None) -> None:
+    assert parse_qvalue(raw) == q
+
+
+def test_accept_is_lowercased_and_weighted() -> None:
+    assert accepted_media_types("Application/Codec+MsgPack;q=0.5, */*;q=0") == {
+        PREFIXED_MSGPACK_MEDIA_TYPE: 0.5,
+        "*/*": 0.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("accept", "prefixed"),
+    [(None, False), ("", False), ("*/*", False), (PREFIXED_MSGPACK_MEDIA_TYPE, True),
+     (f"{PREFIXED_MSGPACK_MEDIA_TYPE};q=0", False), (f"{PREFIXED_MSGPACK_MEDIA_TYPE};q=7", False),
+     (f"text/plain, {PREFIXED_MSGPACK_MEDIA_TYPE};q=0.1", True)],
+)  # fmt: skip
+def test_prefixed_msgpack_only_when_named_with_a_weight(accept: str | None, prefixed: bool) -> None:
+    assert wants_prefixed_msgpack(accept) is prefixed

@@ -1,0 +1,156 @@
+"""The transcoder's ID source decision and tool-call assembly, sans-IO: SSE bytes in, frames out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.core.errors import UpstreamProtocolError
+from proxy.core.stream.chunks import parse_chat_chunk, parse_completion_chunk
+from proxy.core.stream.tool_calls import ToolCallAssembler, ToolCallDelta
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.wire.frames import Frame
+from proxy.core.wire.tool_calls import ToolCall
+from proxy.tokenizers.vocabulary import Vocabulary
+
+
+def sse(*chunks: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+
+
+def text(value: str, ids: list[int] | None = None, finish: str | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": value, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"choices": [choice]}
+
+
+def delta(finish: str | None = None, **fields: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": fields, "finish_reason": finish}]}
+
+
+def call(index: int, name: str | None = None, args: str = "", id: str | None = None) -> Any:
+    function = {"arguments": args} | ({"name": name} if name else {})
+    return {"index": index, "function": function} | ({"id": id} if id else {})
+
+
+def transcoder(vocabulary: Vocabulary, mode: Any, chat: bool = False) -> CodecTranscoder:
+    return CodecTranscoder(
+        vocabulary.scheme,
+        parse_chat_chunk if chat else parse_completion_chunk,
+        token_ids=mode,
+        token_bytes=vocabulary.token_bytes,
+    )
+
+
+# --- the source decision ----------------------------------------------------------------------
+
+
+def test_auto_waits_for_output_then_decides(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "auto", chat=True)
+    assert t.feed(sse(delta(role="assistant", content=None))) == []
+    assert [t.token_source] == [None]  # a role-only delta says nothing
+    frames = t.feed(sse({"choices": [{"index": 0, "delta": {"content": "Hi"}, "token_ids": [5]}]}))
+    assert t.token_source == "backend"
+    assert frames == []  # "Hi" is not what ID 5 renders: retokenized, held until final
+    (terminal,) = t.feed(sse(delta("stop")))
+    assert terminal.ids == tuple(smollm2_vocabulary.scheme.encode("Hi", at_start=True))
+    assert t.outcome is not None
+    assert (t.outcome.token_source, t.outcome.retokenized_spans) == ("backend", 1)
+
+
+@pytest.mark.parametrize(
+    ("mode", "source"), [("auto", "retokenized"), ("backend", "backend"), ("retokenize", None)]
+)
+def test_a_stream_without_output(smollm2_vocabulary: Vocabulary, mode: Any, source: Any) -> None:
+    t = transcoder(smollm2_vocabulary, mode)
+    assert t.token_source == ("retokenized" if mode == "retokenize" else None)
+    assert t.feed(sse(text("", finish="length"))) == [Frame((), True, "length")]
+    assert t.token_source == (source or "retokenized")
+
+
+def test_backend_mode_refuses_a_stream_without_ids(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "backend")
+    assert t.feed(sse(text("Hello"), text(" world", [1]))) == [Frame((), True, "error")]
+    assert t.outcome is not None
+    assert "no token IDs" in (t.outcome.error or "")
+
+
+def test_retokenize_ignores_reported_ids(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize")
+    frames = t.feed(sse(text("Hello", [9]), text(" world", [9], "length")))
+    expected = smollm2_vocabulary.scheme.encode("Hello world", at_start=True)
+    assert [i for f in frames for i in f.ids] == expected
+
+
+def test_backend_ids_may_run_ahead_until_the_end(smollm2_vocabulary: Vocabulary) -> None:
+    # vLLM: the bytes of an incomplete character are reported, its text never comes.
+    t = transcoder(smollm2_vocabulary, "backend")
+    assert t.feed(sse(text("、", [29917]))) == [Frame((29917,))]
+    assert t.feed(sse(text("", [10391]))) == []
+    assert t.feed(sse(text("", [112, 2], "stop"))) == [Frame((10391, 112, 2), True, "eos_token")]
+
+
+# --- tool calls -------------------------------------------------------------------------------
+
+WEATHER = ToolCall("get_weather", '{"city": "Paris"}', "call_1")
+
+
+def test_assembler_completes_a_call_when_the_next_starts() -> None:
+    assembler = ToolCallAssembler()
+    assert assembler.feed((ToolCallDelta(0, "call_1", "get_weather"),)) == []
+    assert assembler.feed((ToolCallDelta(0, arguments='{"city": '),)) == []
+    # A repeated name or id does not change the call (some servers repeat them).
+    assert assembler.feed((ToolCallDelta(0, "other", "other", '"Paris"}'),)) == []
+    assert assembler.feed((ToolCallDelta(1, "call_2", "f"),)) == [WEATHER]
+    assert assembler.pending
+    assert assembler.flush() == [ToolCall("f", "", "call_2")]
+    assert assembler.emitted == 2
+    assert not assembler.pending
+
+
+def test_assembler_refuses_a_call_that_changes_after_it_was_sent() -> None:
+    assembler = ToolCallAssembler()
+    assembler.feed((ToolCallDelta(0, "a", "f"), ToolCallDelta(1, "b", "g")))
+    with pytest.raises(UpstreamProtocolError, match="tool call 0"):
+        assembler.feed((ToolCallDelta(0, arguments="x"),))
+
+
+def test_calls_wait_for_a_frame_with_ids(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
+    first = delta(tool_calls=[call(0, "get_weather", '{"city": "Paris"}', "call_1")])
+    # Call 0 completes when call 1 starts; no IDs yet, so no frame (none may be empty).
+    assert t.feed(sse(first, delta(tool_calls=[call(1, "f", "{}", "call_2")]))) == []
+    frames = t.feed(sse(delta(content="Done. And"), delta(content=" more")))
+    assert frames[0].tool_calls == (WEATHER,)
+    (terminal,) = t.feed(sse(delta("tool_calls")))
+    assert terminal.tool_calls == (ToolCall("f", "{}", "call_2"),)
+    assert terminal.finish_reason == "tool_call"
+
+
+def test_finish_tool_calls_without_any_call_is_eos(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
+    (terminal,) = t.feed(sse(delta(content="ok"), delta("tool_calls")))
+    assert (terminal.finish_reason, terminal.tool_calls) == ("eos_token", ())
+
+
+def test_upstream_error_keeps_whole_calls_only(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
+    calls = [call(0, "get_weather", '{"city": "Paris"}', "call_1"), call(1, "f", '{"a', "c2")]
+    frames = t.feed(sse(delta(tool_calls=calls)) + b'data: {"error": {"message": "boom"}}\n\n')
+    assert frames == [Frame((), True, "error", (WEATHER,))]
+
+
+def test_out_of_order_call_index_ends_the_stream(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
+    frames = t.feed(sse(delta(tool_calls=[call(1, "g")]), delta(tool_calls=[call(0, "f")])))
+    assert [(f.done, f.finish_reason) for f in frames] == [(True, "error")]
+    assert t.outcome is not None
+    assert "tool call 0" in (t.outcome.error or "")
+
+
+def test_token_bytes_are_required_for_backend_ids(smollm2_vocabulary: Vocabulary) -> None:
+    with pytest.raises(ValueError, match="TokenBytes"):
+        CodecTranscoder(smollm2_vocabulary.scheme, parse_completion_chunk, token_ids="auto")

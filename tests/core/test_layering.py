@@ -1,0 +1,164 @@
+"""The core's folders are the pipeline's stages, and imports only run down them.
+
+    errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
+                          backend (errors only)
+
+A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
+imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
+The graph is read from the source (`ast`), so a test failure names the offending import line.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import proxy
+
+PACKAGE_DIR = Path(proxy.__file__).resolve().parent
+ROOT = PACKAGE_DIR.parent
+
+# Each stage of the core, and the stages below it that it may use.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "wire": frozenset({"errors"}),
+    "http": frozenset({"errors", "wire"}),
+    "stream": frozenset({"errors", "wire"}),
+    "maps": frozenset({"errors", "wire", "http", "stream"}),
+    "compression": frozenset({"errors", "wire", "http", "maps"}),
+    "backend": frozenset({"errors"}),
+    "safety": frozenset({"errors", "wire", "stream"}),
+    "guard": frozenset({"errors", "wire", "http", "stream", "safety"}),
+    "bodies": frozenset({"errors", "wire", "http", "stream", "compression", "safety", "guard"}),
+    "endpoints": frozenset({"errors", "wire", "http", "stream", "safety"}),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {
+    module_name(path): path
+    for path in sorted(PACKAGE_DIR.rglob("*.py"))
+    if not path.name.endswith("_pb2.py")
+}
+
+
+def imports_of(name: str) -> Iterator[tuple[int, str]]:
+    """(line, module of `proxy` imported), resolving `from pkg import module` to the module."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+            targets = [t if t in MODULES else base for t in targets]
+        else:
+            continue
+        for target in targets:
+            if target == "proxy" or target.startswith("proxy."):
+                while target not in MODULES and "." in target:
+                    target = target.rpartition(".")[0]
+                if target in MODULES and target != name:
+                    yield node.lineno, target
+
+
+def stage(name: str) -> str | None:
+    """The core stage a module belongs to (`errors`, `wire`, ..., `guard`); None outside."""
+    parts = name.split(".")
+    if parts[:2] != ["proxy", "core"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def layering_violations() -> list[str]:
+    found = []
+    for name in MODULES:
+        own = stage(name)
+        if own is None:
+            continue
+        for line, target in imports_of(name):
+            other = stage(target)
+            if other is None:
+                found.append(f"{name}:{line} imports {target}: the core imports only the core")
+            elif other != own and other not in MAY_IMPORT[own]:
+                found.append(f"{name}:{line} imports {target}: {own} may not use {other}")
+    return found
+
+
+def import_cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {name: sorted({target for _, target in imports_of(name)}) for name in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    return cycles
+
+
+def test_every_core_module_belongs_to_a_known_stage() -> None:
+    stages = {stage(name) for name in MODULES} - {None}
+    assert stages == set(MAY_IMPORT)
+
+
+def test_core_imports_run_down_the_stages() -> None:
+    assert layering_violations() == []
+
+
+def test_no_module_of_proxy_takes_part_in_an_import_cycle() -> None:
+    assert import_cycles() == []
+
+
+def test_the_checks_see_a_violation_and_a_cycle(monkeypatch) -> None:
+    # The scan is only worth something if it fails: feed it an upward import and a cycle.
+    real = imports_of
+
+    def planted(name: str) -> Iterator[tuple[int, str]]:
+        yield from real(name)
+        if name == "proxy.core.wire.frames":
+            yield 1, "proxy.core.stream.transcode"
+        if name == "proxy.core.stream.transcode":
+            yield 1, "proxy.core.wire.frames"
+
+    monkeypatch.setitem(globals(), "imports_of", planted)
+    assert any("wire may not use stream" in v for v in layering_violations())
+    assert ["proxy.core.stream.transcode", "proxy.core.wire.frames"] in [
+        [m for m in cycle if m in {"proxy.core.stream.transcode", "proxy.core.wire.frames"}]
+        for cycle in import_cycles()
+    ]
