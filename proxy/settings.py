@@ -117,6 +117,12 @@ class Settings:
         None,
         help="id of the published tokenizer map (default: a map's own id, else the file name)",
     )
+    public_url: str | None = option(
+        None,
+        help="this proxy's public origin (https://host[:port]) for the URLs in index.json; "
+        "unset, they follow each request's Host and the index is not shared-cacheable",
+        url=True,
+    )
     drift_check: bool = option(
         True, help="compare the tokenizer with the backend's /tokenize; a mismatch refuses Codec"
     )

@@ -102,6 +102,7 @@ class RecordedRequest:
     path_qs: str
     headers: dict[str, str]
     body: bytes
+    raw_headers: tuple[tuple[bytes, bytes], ...] = ()  # as received, bytes for bytes
 
 
 @dataclass
@@ -137,7 +138,9 @@ class FakeUpstream:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        recorded = RecordedRequest(request.method, request.raw_path, dict(request.headers), body)
+        recorded = RecordedRequest(
+            request.method, request.raw_path, dict(request.headers), body, request.raw_headers
+        )
         if request.headers.get("User-Agent") == "codec-proxy-health-check":
             self.health_checks.append(recorded)
             return web.json_response({"status": self.health_status}, status=self.health_code)

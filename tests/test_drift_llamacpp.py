@@ -24,6 +24,7 @@ import pytest
 from proxy import assets
 from proxy.server import create_app
 from proxy.server.drift import DRIFT_MONITOR
+from proxy.server.local import READINESS
 from proxy.server.well_known import TOKENIZER_MAP
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
@@ -71,6 +72,12 @@ async def wrong_proxy(llama_server: str, aiohttp_client: AiohttpClient) -> Proxy
     return await aiohttp_client(create_app(settings, load_tokenizer(gpt2)))
 
 
+def tokenizer_detail(proxy: ProxyClient) -> str:
+    check = app_of(proxy)[READINESS].get("tokenizer")
+    assert check is not None
+    return check.detail
+
+
 def origin(proxy: ProxyClient) -> str:
     return str(proxy.make_url("/")).rstrip("/")
 
@@ -80,7 +87,7 @@ async def test_the_right_tokenizer_passes_the_drift_check(right_proxy: ProxyClie
         assert resp.status == 200
         check = (await resp.json())["checks"]["tokenizer"]
     assert check["reason"] == "tokenizer_matches_backend"
-    assert "on the llama.cpp backend, vocab_size 49152" in check["detail"]
+    assert "on the llama.cpp backend, vocab_size 49152" in tokenizer_detail(right_proxy)
     monitor = app_of(right_proxy)[DRIFT_MONITOR]
     started = time.perf_counter()
     assert await monitor.check()
@@ -101,14 +108,14 @@ async def test_a_wrong_tokenizer_gets_503_for_codec_and_json_still_works(
         assert resp.status == 503
         reasons = (await resp.json())["reasons"]
     assert reasons[0]["reason"] == "tokenizer_mismatch"
-    assert "vocab_size 50257 here, 49152 on the backend" in reasons[0]["detail"]
+    assert "vocab_size 50257 here, 49152 on the backend" in tokenizer_detail(wrong_proxy)
     for fmt in ("msgpack", "protobuf"):
         payload = request_body("The capital of France is", stream_format=fmt)
         async with wrong_proxy.post("/v1/completions", json=payload) as resp:
             assert resp.status == 503
             error = (await resp.json())["error"]
         assert error["code"] == "tokenizer_mismatch"
-        assert "does not match the llama.cpp backend" in error["message"]
+        assert "tokenizer_mismatch" in error["message"]
     body = request_body("The capital of France is", stream=True)
     async with wrong_proxy.post("/v1/completions", json=body) as resp:
         assert resp.status == 200

@@ -7,9 +7,11 @@ the Codec plan and the policed JSON path read the row instead of passing each ch
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+from urllib.parse import unquote
 
 from proxy.core.http.request import (
     CompletionRequest,
@@ -32,6 +34,8 @@ class Endpoint:
     name: EndpointName
     # Where Codec requests without a path of their own (Path B) are sent upstream.
     upstream_path: str
+    # Every path the backends serve this endpoint on (llama.cpp also answers without `/v1`).
+    paths: tuple[str, ...]
     # The request body, validated for Codec (`vocab_size` bounds token-ID prompts).
     parse_request: Callable[[bytes, int], CompletionRequest]
     parse_chunk: ChunkParser
@@ -43,6 +47,7 @@ class Endpoint:
 COMPLETIONS: Final = Endpoint(
     "completions",
     "/v1/completions",
+    ("/v1/completions", "/completions"),
     lambda raw, vocab_size: parse_completion_request(raw, vocab_size=vocab_size),
     parse_completion_chunk,
     COMPLETION_TEXT,
@@ -52,8 +57,41 @@ COMPLETIONS: Final = Endpoint(
 CHAT: Final = Endpoint(
     "chat",
     "/v1/chat/completions",
+    ("/v1/chat/completions", "/chat/completions"),
     lambda raw, vocab_size: parse_chat_request(raw),
     parse_chat_chunk,
     CHAT_DELTA,
     CHAT_MESSAGE,
 )
+ENDPOINTS: Final = (COMPLETIONS, CHAT)
+
+# Routes of the backends we front (llama.cpp, vLLM, SGLang) that generate text in shapes the
+# safety policy does not read: with a policy loaded they are refused, not relayed unchecked.
+UNPOLICED_GENERATION_PATHS: Final = frozenset(
+    {
+        "/completion",  # llama.cpp native
+        "/infill",  # llama.cpp
+        "/v1/messages",  # llama.cpp, Anthropic's shape
+        "/v1/responses",  # vLLM, SGLang
+        "/generate",  # SGLang native, vLLM's demo server
+        "/invocations",  # vLLM's SageMaker entry point
+    }
+)
+
+
+def canonical_path(raw_path: str) -> str:
+    """A request path as a backend's router is likely to read it: percent-decoded, dot
+    segments resolved, repeated and trailing slashes dropped, lowercase. Only used to decide
+    what a path means to the safety policy, never to rewrite what is sent upstream."""
+    path = posixpath.normpath("/" + unquote(raw_path).split("?", 1)[0])
+    return "/" + path.strip("/").lower()
+
+
+def endpoint_for(raw_path: str) -> Endpoint | None:
+    """The endpoint a path is an alias of, however it is spelled."""
+    path = canonical_path(raw_path)
+    return next((endpoint for endpoint in ENDPOINTS if path in endpoint.paths), None)
+
+
+def generates_unpoliced_text(raw_path: str) -> bool:
+    return canonical_path(raw_path) in UNPOLICED_GENERATION_PATHS

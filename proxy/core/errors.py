@@ -12,11 +12,16 @@ class ProxyError(Exception):
 
     status_hint: int = 500
     error_type: str = "server_error"
+    # What a client is told instead of `message` when the message is for the operator only
+    # (it may name upstream URLs or foreign exception text); None: the message is the client's.
+    public_message: str | None = None
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, public: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        if public:  # this message was written for clients: it replaces the class's generic one
+            self.public_message = message
 
 
 class BadRequest(ProxyError):
@@ -24,6 +29,12 @@ class BadRequest(ProxyError):
 
     status_hint = 400
     error_type = "invalid_request_error"
+
+
+class Forbidden(BadRequest):
+    """The request is understood and refused by this deployment's policy (403)."""
+
+    status_hint = 403
 
 
 class PayloadTooLarge(BadRequest):
@@ -49,6 +60,7 @@ class UpstreamProtocolError(ProxyError):
 
     status_hint = 502
     error_type = "upstream_error"
+    public_message = "the upstream's response could not be used"
 
 
 class EventTooLarge(UpstreamProtocolError):
@@ -60,6 +72,7 @@ class UpstreamUnavailable(ProxyError):
 
     status_hint = 502
     error_type = "upstream_error"
+    public_message = "the upstream could not be reached or failed before answering"
 
 
 class UpstreamTimeout(ProxyError):
@@ -67,6 +80,7 @@ class UpstreamTimeout(ProxyError):
 
     status_hint = 504
     error_type = "upstream_timeout"
+    public_message = "the upstream did not answer in time"
 
 
 class ConfigError(ProxyError):

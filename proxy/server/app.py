@@ -12,8 +12,10 @@ from aiohttp.typedefs import Middleware
 
 from proxy.core.backend.readiness import Readiness
 from proxy.core.compression.dictionaries import ZstdDictionaries
+from proxy.core.endpoints import CHAT, COMPLETIONS
 from proxy.core.errors import ConfigError
 from proxy.core.http.upgrade import VersionPolicy
+from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
@@ -21,7 +23,12 @@ from proxy.server import local, well_known
 from proxy.server.auth import api_key_middleware
 from proxy.server.drift import drift_context
 from proxy.server.errors import error_middleware
-from proxy.server.generation import chat_completions, completions, completions_codec
+from proxy.server.generation import (
+    chat_completions,
+    completions,
+    completions_codec,
+    other_routes,
+)
 from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
 from proxy.server.local import READINESS, SCHEMA_TEXT
@@ -29,7 +36,6 @@ from proxy.server.metrics import METRICS, Metrics
 from proxy.server.models import MODELS, UpstreamModels
 from proxy.server.observe import echo_request_id, observe_middleware
 from proxy.server.policy_file import read_policy_file
-from proxy.server.relay import relay_handler
 from proxy.server.upstream import UPSTREAM, UpstreamPool, make_session
 from proxy.server.versioning import (
     VERSION_NOTICES,
@@ -37,22 +43,29 @@ from proxy.server.versioning import (
     VersionNotices,
     strip_withheld_headers,
 )
-from proxy.server.well_known import MAPS, TOKENIZER_MAP, ZSTD_DICTIONARIES, MapStore
+from proxy.server.well_known import (
+    MAPS,
+    PUBLIC_ORIGIN,
+    TOKENIZER_MAP,
+    ZSTD_DICTIONARIES,
+    MapStore,
+)
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST, Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 
 
 def routes() -> list[web.RouteDef]:
+    handlers = {COMPLETIONS: completions, CHAT: chat_completions}
+    generation = [web.post(path, handlers[e]) for e in handlers for path in e.paths]
     return [
         # The proxy's own and the Codec documents: answered here, never relayed upstream.
         *local.routes(),
         *well_known.routes(),
-        web.post("/v1/completions", completions),
+        *generation,
         web.post("/v1/completions/codec", completions_codec),
-        web.post("/v1/chat/completions", chat_completions),
         # Everything else, any method: transparent pass-through to the upstream.
-        web.route("*", "/{tail:.*}", relay_handler),
+        web.route("*", "/{tail:.*}", other_routes),
     ]
 
 
@@ -145,6 +158,8 @@ def create_app(
     )
     app[TOKENIZER_MAP] = published
     app[MAPS] = MapStore([published])
+    if settings.public_url is not None:
+        app[PUBLIC_ORIGIN] = public_origin(settings.public_url)
     proto = resources.files("proxy").joinpath("codec.proto").read_text()
     # Chat streams carry tool calls, so field 4 and ToolCall are part of what we emit.
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)

@@ -165,7 +165,10 @@ async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespon
     # wrong; JSON requests do not come here and keep passing through.
     refusal = app[READINESS].codec_refusal()
     if refusal is not None:
-        raise ServiceUnavailable(refusal.detail, code=refusal.reason)
+        raise ServiceUnavailable(
+            f"Codec streams are refused for now ({refusal.reason}); JSON requests are served",
+            code=refusal.reason,
+        )
     record = request[RECORD]
     record.mode = "codec"
     record.stream_format = plan.encoder.stream_format

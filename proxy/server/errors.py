@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core.errors import ProxyError, UpgradeRequired
+from proxy.server.observe import RECORD
 
 log = logging.getLogger("codec_proxy")
 
@@ -44,7 +45,8 @@ def error_response(exc: ProxyError) -> web.Response:
     if isinstance(exc, UpgradeRequired):
         # Its exact body and headers are the protocol (codec-spec.md §6): sent as built.
         return web.Response(status=exc.status_hint, body=exc.body, headers=exc.headers)
-    response = json_error(exc.status_hint, exc.message, error_type=exc.error_type, code=exc.code)
+    message = exc.public_message or exc.message
+    response = json_error(exc.status_hint, message, error_type=exc.error_type, code=exc.code)
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
@@ -56,7 +58,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ProxyError as exc:
-        log.info("%s %s -> %d %s", request.method, request.path, exc.status_hint, exc.message)
+        # The whole message goes to the log; a client may only see `public_message`.
+        level = logging.WARNING if exc.status_hint >= 500 else logging.INFO
+        log.log(level, "%s %s -> %d %s", request.method, request.path, exc.status_hint, exc.message)
         return error_response(exc)
     except web.HTTPRequestEntityTooLarge as exc:
         return json_error(
@@ -64,4 +68,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             exc.text or "request body too large",
             error_type="invalid_request_error",
             code="body_too_large",
+        )
+    except (web.HTTPException, ConnectionError):
+        raise  # aiohttp's own answers, and a client that left: not ours to turn into a 500
+    except Exception:
+        if request.get(RECORD) is not None and request[RECORD].phase == "streaming":
+            raise  # the status line is gone: the connection is closed instead
+        # A bug: the traceback goes to the log under the request id, never to the client.
+        log.exception("%s %s -> 500 internal error", request.method, request.path)
+        return json_error(
+            500,
+            "the proxy failed to handle this request",
+            error_type="server_error",
+            code="internal_error",
         )

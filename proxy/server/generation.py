@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.core.endpoints import CHAT, COMPLETIONS, Endpoint
+from proxy.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    Endpoint,
+    endpoint_for,
+    generates_unpoliced_text,
+)
+from proxy.core.errors import Forbidden
 from proxy.core.http.body_coding import decode_body
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire.codec_request import decode_codec_request
@@ -84,3 +91,21 @@ async def completions_codec(request: web.Request) -> web.StreamResponse:
         resolve_model=True,
     )
     return await serve_codec(request, plan)
+
+
+async def other_routes(request: web.Request) -> web.StreamResponse:
+    """Every other path, any method: relayed as it is. With a safety policy loaded, a spelling
+    of a generation route the router did not match (`/v1/completions/`, `//completions`) is
+    served as that route, and a generation route the policy cannot read is refused: the
+    backend's router may well accept what ours did not."""
+    if SAFETY_POLICY in request.app and request.method == "POST":
+        endpoint = endpoint_for(request.raw_path)
+        if endpoint is not None:
+            return await _path_a(request, endpoint)
+        if generates_unpoliced_text(request.raw_path):
+            raise Forbidden(
+                f"{request.path} generates text the safety policy cannot check; use "
+                "/v1/completions or /v1/chat/completions",
+                code="route_not_policed",
+            )
+    return await relay(request)

@@ -55,7 +55,3 @@ async def relay(request: web.Request, *, body: bytes | None = None) -> web.Strea
         body=data or None,
     ) as exchange:
         return await relay_response(request, exchange)
-
-
-async def relay_handler(request: web.Request) -> web.StreamResponse:
-    return await relay(request)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -26,13 +27,15 @@ from aiohttp import web
 from prometheus_client import Histogram
 
 from proxy.core.bodies import ResponseBody
-from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.headers import end_to_end
 from proxy.server.keys import SETTINGS
 from proxy.server.lifecycle import LIFECYCLE, is_shutdown
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.observe import RECORD, REQUEST_ID_HEADER, RequestRecord
 from proxy.server.upstream import UPSTREAM, Exchange
+
+log = logging.getLogger("codec_proxy")
 
 # Set by the upstream client from the URL and the body; never copied from the client's request.
 _REQUEST_DROP = ("host", "content-length")
@@ -44,9 +47,25 @@ def request_target(request: web.Request) -> str:
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
 
+def _as_sent(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
+    """Header fields as text that aiohttp writes back as the very bytes received.
+
+    aiohttp serializes header values as UTF-8, so a value goes through unchanged exactly when
+    it is UTF-8 (ASCII included); other bytes (RFC 9110 §5.5 obs-text) raise
+    UnicodeDecodeError: they cannot be relayed as they are, and are not relayed changed.
+    """
+    return [(name.decode(), value.decode()) for name, value in raw]
+
+
 def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """The client's end-to-end headers for the upstream request, with our request id."""
-    raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    try:
+        raw = _as_sent(request.raw_headers)
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            "a request header holds bytes that are not UTF-8; they cannot be relayed unchanged",
+            code="invalid_header_bytes",
+        ) from exc
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
     return [*headers, (REQUEST_ID_HEADER, request[RECORD].id)]
@@ -61,8 +80,14 @@ def combined_header(request: web.Request, name: str) -> str | None:
 def upstream_response_headers(
     upstream: aiohttp.ClientResponse, *, drop: tuple[str, ...] = ()
 ) -> list[tuple[str, str]]:
-    """The upstream's end-to-end response headers, as sent."""
-    raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
+    """The upstream's end-to-end response headers, as sent. A field that cannot be relayed
+    unchanged (see `_as_sent`) is left out, with a warning, rather than changed."""
+    raw = []
+    for name, value in upstream.raw_headers:
+        try:
+            raw += _as_sent(((name, value),))
+        except UnicodeDecodeError:
+            log.warning("dropped upstream response header %r: not UTF-8", name[:64])
     return end_to_end(raw, drop=drop)
 
 

@@ -65,6 +65,7 @@ class NoUpstream(UpstreamUnavailable):
     """Every upstream is unhealthy or ejected (503)."""
 
     status_hint = 503
+    public_message = "no upstream is available right now"
 
 
 @dataclass

@@ -21,6 +21,7 @@ from proxy.core.compression.compressors import DEFAULT_LEVELS
 from proxy.core.compression.dictionaries import ZstdDictionaries, is_sha256_hex
 from proxy.core.maps.discovery import (
     CORS_ALLOW_ORIGIN,
+    HOST_DERIVED_CACHE_CONTROL,
     IMMUTABLE_CACHE_CONTROL,
     PREFLIGHT_HEADERS,
     SHORT_CACHE_CONTROL,
@@ -87,6 +88,8 @@ MAPS = web.AppKey("maps", MapStore)
 TOKENIZER_MAP = web.AppKey("tokenizer_map", PublishedMap)
 # Loaded zstd dictionaries, at most one per wire format. `.records` are the tokenizer map's
 # `zstd_dictionaries[]` entries ({format, url, hash, size_bytes, trained_at?, corpus_summary?}).
+# The configured public origin (`public_url`) for index URLs; absent: each request's Host.
+PUBLIC_ORIGIN = web.AppKey("public_origin", str)
 ZSTD_DICTIONARIES = web.AppKey("zstd_dictionaries", ZstdDictionaries)
 
 
@@ -132,15 +135,24 @@ async def _map_reply(
 
 
 def _index_reply(request: web.Request) -> web.Response:
-    origin = origin_of(request.scheme, request.host)
+    # codecai wants absolute URLs (interop.md §1.6): from the configured public origin, else
+    # from this request's Host, and then good for that Host only.
+    origin = request.app.get(PUBLIC_ORIGIN)
+    cache_control = SHORT_CACHE_CONTROL
     if origin is None:
-        return _not_found(request)
+        origin = origin_of(request.scheme, request.host)
+        cache_control = HOST_DERIVED_CACHE_CONTROL
+        if origin is None:
+            return _not_found(request)
     body = index_body(origin, request.app[MAPS].maps)
     # A few hundred bytes: compressed inline, not kept (it names the request's origin).
     coding = choose_coding(_accept_encoding(request))
     coded = None if coding is None else COMPRESSORS[coding](body)
     digest = hashlib.sha256(body).hexdigest()
-    return _reply(request, body, digest, SHORT_CACHE_CONTROL, coded)
+    response = _reply(request, body, digest, cache_control, coded)
+    if cache_control is HOST_DERIVED_CACHE_CONTROL:
+        response.headers["Vary"] = "Accept-Encoding, Host"
+    return response
 
 
 async def version_policy(request: web.Request) -> web.Response:

@@ -100,6 +100,8 @@ def example(name: str) -> Any:
         return value + 1
     if name == "health_path":
         return "/v1/health"
+    if field.metadata["option"].url:
+        return "https://models.example.com"
     return "example"  # the optional strings: model, map_id
 
 

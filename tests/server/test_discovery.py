@@ -20,7 +20,8 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries
-from proxy.core.errors import TokenizerMapError
+from proxy.core.errors import ConfigError, TokenizerMapError
+from proxy.core.maps.discovery import public_origin
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
@@ -90,6 +91,9 @@ async def test_index_lists_the_map_with_an_absolute_url(proxy: ProxyClient) -> N
     assert status == 200
     assert headers["Access-Control-Allow-Origin"] == "*"
     assert headers["ETag"] == f'"{hashlib.sha256(body).hexdigest()}"'
+    # Built from this request's Host: good for that Host only, never from a shared cache.
+    assert headers["Cache-Control"].startswith("private")
+    assert "Host" in headers["Vary"]
     origin = str(proxy.make_url("/")).rstrip("/")
     assert json.loads(body) == {
         "codec_version": "0.5",
@@ -101,6 +105,29 @@ async def test_index_lists_the_map_with_an_absolute_url(proxy: ProxyClient) -> N
             }
         ],
     }
+
+
+async def test_a_configured_public_url_makes_the_index_shareable(make_proxy: MakeProxy) -> None:
+    proxy = await make_proxy(public_url="https://models.example.com/")
+    published = served(proxy)
+    status, headers, body = await raw_get(
+        proxy, "/.well-known/codec/index.json", Host="attacker.test"
+    )
+    assert status == 200
+    assert headers["Cache-Control"] == SHORT
+    assert headers["Vary"] == "Accept-Encoding"
+    [entry] = json.loads(body)["maps"]
+    assert entry["url"] == (
+        f"https://models.example.com/.well-known/codec/maps/sha256/{published.digest}.json"
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["https://models.example.com/prefix", "https://x.test/?a=1", "https://x.test/#f"]
+)
+def test_a_public_url_must_be_an_origin(url: str) -> None:
+    with pytest.raises(ConfigError, match="public_url"):
+        public_origin(url)
 
 
 @pytest.mark.parametrize("kind", ["by-id", "sha256", "index"])

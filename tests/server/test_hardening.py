@@ -20,9 +20,10 @@ import pytest
 
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
+from proxy.server import generation
 from proxy.server.upstream import UPSTREAM
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
+from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import write_policy
 
 SAMPLE = "llamacpp-completions-sample.txt"
@@ -217,6 +218,44 @@ async def test_connect_timeout_is_504_json(make_proxy: MakeProxy, blackhole: str
     assert error["code"] == "connect_timeout"
     async with proxy.get("/metrics") as resp:
         assert 'codec_proxy_timeouts_total{kind="connect"} 1.0' in await resp.text()
+
+
+async def test_upstream_failures_name_no_url_and_no_exception_text(
+    make_proxy: MakeProxy, unused_tcp_port: int
+) -> None:
+    # Nothing listens there: connection refused. /readyz is open without a key, and error
+    # bodies go to any client: codes only; the URL and the exception text stay in the log.
+    url = f"http://127.0.0.1:{unused_tcp_port}"
+    proxy = await make_proxy(upstream=(url,), health_interval=60)
+    pool = app_of(proxy)[UPSTREAM]
+    pool.balancer.checked(pool.balancer.upstreams[0], healthy=True)
+    for payload in (codec_body(), {"prompt": "Hi"}):
+        async with proxy.post("/v1/completions", json=payload) as resp:
+            assert resp.status == 502
+            body = await resp.text()
+        assert json.loads(body)["error"]["code"] == "unreachable"
+        assert str(unused_tcp_port) not in body
+        assert "Error" not in body  # no exception class names or reprs
+    async with proxy.get("/readyz") as resp:
+        report = await resp.text()
+    assert str(unused_tcp_port) not in report
+    assert "Error" not in report
+
+
+async def test_an_unexpected_failure_is_a_json_500_without_the_traceback(
+    make_proxy: MakeProxy, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(generation, "codec_plan", broken)
+    proxy = await make_proxy()
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 500
+        body = await resp.text()
+    assert json.loads(body)["error"]["code"] == "internal_error"
+    assert "secret" not in body
+    assert any("secret internals" in (r.exc_text or "") for r in caplog.records)
 
 
 async def test_ttft_timeout_before_the_stream_is_504(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 
@@ -125,3 +126,37 @@ async def test_compressed_upstream_body_is_not_decompressed(
         async with raw_client.post(url, data=b'{"prompt": "x"}', headers=headers) as resp:
             assert resp.headers["Content-Encoding"] == "gzip"
             assert await resp.read() == body
+
+
+async def raw_exchange(proxy: ProxyClient, head: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    writer.write(head)
+    response = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return response
+
+
+async def test_utf8_header_bytes_are_relayed_as_received(
+    proxy: ProxyClient, upstream: FakeUpstream
+) -> None:
+    value = "café ☕ 日本".encode()
+    response = await raw_exchange(
+        proxy, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Name: " + value
+        + b"\r\n\r\n",
+    )  # fmt: skip
+    assert response.startswith(b"HTTP/1.1 200")
+    assert (b"X-Name", value) in upstream.requests[0].raw_headers
+
+
+async def test_header_bytes_that_cannot_be_relayed_unchanged_are_a_json_400(
+    proxy: ProxyClient, upstream: FakeUpstream
+) -> None:
+    # Latin-1 "café": aiohttp writes header values as UTF-8, so these bytes could only be sent
+    # changed (c3 a9 for e9); refused instead, before the upstream sees anything.
+    response = await raw_exchange(
+        proxy, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Name: caf\xe9\r\n\r\n"
+    )
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert json.loads(body)["error"]["code"] == "invalid_header_bytes"
+    assert upstream.requests == []

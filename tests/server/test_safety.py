@@ -181,6 +181,56 @@ async def test_json_stream_stop_sends_content_filter_then_done(
     assert upstream.outcomes == ["aborted"]
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/completions", "/v1/completions/", "//v1//completions", "/v1/%63ompletions",
+     "/V1/Completions", "/v1/./completions", "/x/../v1/completions"],
+)  # fmt: skip
+async def test_every_spelling_of_the_route_is_policed(
+    policed: ProxyClient, upstream: FakeUpstream, path: str
+) -> None:
+    # The backend's router may accept what ours did not match (llama.cpp serves /completions
+    # too): with a policy, no spelling of a generation route goes by unchecked.
+    upstream.script = Script(CAPTURE)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 32, "stream": True}).encode()
+    # A raw request: HTTP clients normalize such paths before sending them.
+    reader, writer = await asyncio.open_connection(policed.host, policed.port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+        + b"Content-Type: application/json\r\nCodec-Client-Version: 0.4\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    response = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, raw = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"content_filter" in raw
+    assert b"New" not in raw  # the stop string never got out
+    assert upstream.requests[0].path_qs == path  # sent upstream as the client wrote it
+
+
+@pytest.mark.parametrize("path", ["/completion", "/infill", "/v1/messages", "/v1/responses"])
+async def test_generation_routes_the_policy_cannot_read_are_refused(
+    policed: ProxyClient, upstream: FakeUpstream, path: str
+) -> None:
+    async with policed.post(path, json={"prompt": "Once upon a time"}) as r:
+        assert r.status == 403
+        error = (await r.json())["error"]
+    assert error["code"] == "route_not_policed"
+    assert upstream.requests == []
+
+
+async def test_without_a_policy_other_routes_pass_through(
+    proxy: ProxyClient, upstream: FakeUpstream
+) -> None:
+    upstream.script = Script(CAPTURE)
+    async with proxy.post("/completion", json={"prompt": "Once upon a time"}) as r:
+        assert r.status == 200
+        assert await r.read() == CAPTURE.body
+    assert upstream.requests[0].path_qs == "/completion"
+
+
 async def test_json_body_is_redacted(redacting: ProxyClient, upstream: FakeUpstream) -> None:
     document = {
         "id": "cmpl-1",

@@ -58,6 +58,7 @@ def only_model(models: tuple[ModelEntry, ...]) -> str:
             f"the upstream serves {len(models)} models ({names}): "
             "set --model to say which one Codec requests without a model use",
             code="model_unknown",
+            public=True,  # the names are what the upstream's /v1/models tells any client
         )
     return models[0].id
 

@@ -13,7 +13,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Check:
-    """The latest word of one check. `reason` is a stable code, `detail` a line for people."""
+    """The latest word of one check. `reason` is a stable code, the only word `/readyz` shows
+    (it is open without a key); `detail` is a line for the operator's log, and may name
+    upstream URLs and errors."""
 
     name: str
     ready: bool
@@ -22,7 +24,7 @@ class Check:
     refuses_codec: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"ready": self.ready, "reason": self.reason, "detail": self.detail}
+        return {"ready": self.ready, "reason": self.reason}
 
 
 class Readiness:
@@ -50,6 +52,6 @@ class Readiness:
         failing = [check for check in self._checks.values() if not check.ready]
         return {
             "status": "ready" if not failing else "not_ready",
-            "reasons": [{"check": c.name, "reason": c.reason, "detail": c.detail} for c in failing],
+            "reasons": [{"check": c.name, "reason": c.reason} for c in failing],
             "checks": {check.name: check.to_json() for check in self._checks.values()},
         }

@@ -15,9 +15,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit
 
 import orjson
 
+from proxy.core.errors import ConfigError
 from proxy.core.http.content_coding import parse_accept_encoding, weight
 from proxy.core.maps.ids import CONTENT_ADDRESSED_PREFIX, map_id_problem
 from proxy.core.maps.tokenizer_map import PublishedMap
@@ -29,6 +31,9 @@ INDEX_CODEC_VERSION = "0.5"
 
 # WELL_KNOWN_DISCOVERY.md recommends this for documents that may change under the same URL.
 SHORT_CACHE_CONTROL = "public, max-age=300, stale-while-revalidate=86400"
+# An index whose URLs were built from the request's Host is only good for that Host: a shared
+# cache that keys on something else (a CDN rewriting Host) must not hand it to other clients.
+HOST_DERIVED_CACHE_CONTROL = "private, max-age=300"
 # A content-addressed document can never change: its URL is its hash.
 IMMUTABLE_CACHE_CONTROL = "public, max-age=31536000, immutable"
 
@@ -96,6 +101,21 @@ def origin_of(scheme: str, host: str | None) -> str | None:
     if scheme not in ("http", "https") or host is None or not _HOST.fullmatch(host):
         return None
     return f"{scheme}://{host}"
+
+
+def public_origin(url: str) -> str:
+    """A configured public URL as the origin index URLs start with; ConfigError when it is
+    more than an origin (`/.well-known/` is at the root of one, RFC 8615 §3)."""
+    parts = urlsplit(url)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ConfigError(f"public_url must be scheme://host[:port] and nothing more, got {url!r}")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def index_body(origin: str, maps: Sequence[PublishedMap]) -> bytes:

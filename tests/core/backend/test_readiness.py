@@ -26,10 +26,10 @@ def test_a_failing_check_is_reported_and_replaced_whole() -> None:
     assert readiness.codec_refusal() == bad
     assert readiness.report() == {
         "status": "not_ready",
-        "reasons": [{"check": "tokenizer", "reason": "tokenizer_mismatch", "detail": "d"}],
+        "reasons": [{"check": "tokenizer", "reason": "tokenizer_mismatch"}],
         "checks": {
-            "tokenizer": {"ready": False, "reason": "tokenizer_mismatch", "detail": "d"},
-            "other": {"ready": True, "reason": "fine", "detail": ""},
+            "tokenizer": {"ready": False, "reason": "tokenizer_mismatch"},
+            "other": {"ready": True, "reason": "fine"},
         },
     }
 
