@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from proxy.core.backend.balancer import DEFAULT_MAX_EJECTION_PERCENT, DEFAULT_PANIC_THRESHOLD
 from proxy.core.http.upgrade import VersionPolicyMode
 from proxy.core.stream.token_source import TokenIdMode
 
@@ -97,11 +98,28 @@ class Settings:
     )
     health_path: str = option("/health", help="upstream path polled for readiness")
     health_interval: float = option(5.0, help="seconds between active health checks", minimum=0.1)
+    # Passive ejection counts only what says the upstream is unwell, never what a request
+    # caused (500, 501, 4xx), and is capped like Envoy's outlier detection
+    # (proxy/core/backend/balancer.py).
     eject_after: int = option(
-        3, help="consecutive connect errors or 5xx that eject an upstream", minimum=1
+        3,
+        help="consecutive connect failures, timeouts or 502/503/504 that eject an upstream",
+        minimum=1,
     )
     eject_seconds: float = option(
         10.0, help="how long an ejected upstream sits out before it is tried again", minimum=0
+    )
+    max_ejection_percent: int = option(
+        DEFAULT_MAX_EJECTION_PERCENT,
+        help="most upstreams ejected at once, in percent of all (never the last one in rotation)",
+        minimum=0,
+        maximum=100,
+    )
+    panic_threshold: int = option(
+        DEFAULT_PANIC_THRESHOLD,
+        help="below this percent of upstreams in rotation, ejected ones take requests again",
+        minimum=0,
+        maximum=100,
     )
 
     # --- access ---

@@ -80,7 +80,7 @@ class Metrics:
         )
         self.upstream_errors = Counter(
             "codec_proxy_upstream_errors",
-            "Upstream failures by kind (connect, status_5xx, reset, protocol).",
+            "Upstream failures by kind (connect, timeout, status_5xx, protocol).",
             ["kind"],
             registry=r,
         )

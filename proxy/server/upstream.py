@@ -1,7 +1,9 @@
 """The upstream side: a pool of backends, one pooled `ClientSession` per worker, timeouts.
 
-- Each request goes to the available upstream with the fewest requests in flight
-  (`proxy/core/backend/balancer.py`); active health checks and passive ejection decide "available".
+- Each request goes to the routable upstream with the fewest requests in flight
+  (`proxy/core/backend/balancer.py`); active health checks and passive ejection decide which are
+  routable. Only connect failures, timeouts and 502/503/504 count towards ejection, never a 500,
+  501 or 4xx (one request's problem), and the last upstream in rotation is never ejected.
 - A request is retried on another upstream only when the connection failed before the upstream
   sent a single byte (refused, reset, a stale pooled connection): nothing can have reached the
   client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
@@ -126,6 +128,8 @@ class UpstreamPool:
             settings.upstream,
             eject_after=settings.eject_after,
             eject_seconds=settings.eject_seconds,
+            max_ejection_percent=settings.max_ejection_percent,
+            panic_threshold=settings.panic_threshold,
         )
         self.in_flight = 0
 
@@ -213,6 +217,7 @@ class UpstreamPool:
                 # The time-to-first-byte budget ran out while waiting for response headers.
                 upstream.outstanding -= 1
                 self.metrics.timeouts.labels("ttft").inc()
+                self._failed(upstream, "timeout", exc)
                 raise UpstreamTimeout(
                     f"upstream {upstream.url} did not answer in time (ttft timeout)",
                     code="ttft_timeout",
@@ -222,9 +227,9 @@ class UpstreamPool:
                 self._failed(upstream, "protocol", exc)
                 raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
             if response.status >= 500:
-                self._failed(upstream, "status_5xx", None)
-            else:
-                self.balancer.succeeded(upstream)
+                self.metrics.upstream_errors.labels("status_5xx").inc()
+            if self.balancer.answered(upstream, response.status, time.monotonic()):
+                self._ejected(upstream, f"answered {response.status}")
             return Exchange(response, upstream, deadline, self.settings.idle_timeout or None)
 
     def request(
@@ -252,14 +257,17 @@ class UpstreamPool:
             skip_auto_headers=SKIP_AUTO_HEADERS,
         )
 
-    def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException | None) -> None:
+    def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException) -> None:
         self.metrics.upstream_errors.labels(kind).inc()
-        reason = f"{kind}: {exc!r}" if exc is not None else kind
+        reason = f"{kind}: {exc!r}"
         if self.balancer.failed(upstream, time.monotonic(), reason):
-            self.metrics.ejections.inc()
-            self._report()
-            log.warning("upstream %s ejected for %.0fs after: %s", upstream.url,
-                        self.settings.eject_seconds, reason)  # fmt: skip
+            self._ejected(upstream, reason)
+
+    def _ejected(self, upstream: UpstreamState, reason: str) -> None:
+        self.metrics.ejections.inc()
+        self._report()
+        log.warning("upstream %s ejected for %.0fs after: %s", upstream.url,
+                    self.settings.eject_seconds, reason)  # fmt: skip
 
     async def check_health(self) -> None:
         """One round of active checks: a 2xx (or a 404: no such endpoint) is healthy."""
@@ -267,7 +275,8 @@ class UpstreamPool:
         self._report()
 
     def _report(self) -> None:
-        """Tell readiness whether any upstream can take a request now."""
+        """Tell readiness whether any upstream can take a request now: only active checks
+        can say no, since ejection never takes out the last upstream in rotation."""
         if self.readiness is None:
             return
         available = self.balancer.any_available(time.monotonic())

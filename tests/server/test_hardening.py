@@ -1,8 +1,9 @@
 """Production behaviour under faults, in process, with fault-injecting fake upstreams.
 
-Several upstreams and their health, retries only before the first byte, timeouts and their
-outcomes, client disconnects closing the upstream, load shedding, slow clients, API keys,
-probes, metrics and access logs.
+Several upstreams and their health, what ejects an upstream (never a request's own error, never
+the last one), retries only before the first byte, timeouts and their outcomes, client
+disconnects closing the upstream, load shedding, slow clients, API keys, probes, metrics and
+access logs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable, Iterator
+from http import HTTPStatus
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +24,7 @@ from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
 from proxy.server import generation
 from proxy.server.upstream import UPSTREAM
-from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import write_policy
 
@@ -136,6 +138,8 @@ async def test_upstream_that_dies_is_retried_elsewhere_and_ejected(
     assert 'codec_proxy_upstream_errors_total{kind="connect"} 2.0' in text
     assert "codec_proxy_retries_total 2.0" in text
     assert "codec_proxy_upstream_ejections_total 1.0" in text
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200  # the other one serves
 
 
 async def test_stale_connection_hang_up_before_answer_is_retried(
@@ -201,6 +205,132 @@ async def test_health_checks_decide_readiness_and_routing(
         assert resp.status == 200
     async with proxy.post("/v1/completions", json=codec_body()) as resp:
         assert resp.status == 200
+
+
+# --- passive ejection: only what says the upstream is unwell ----------------------------------
+
+# Real llama.cpp answers to requests it cannot serve, whatever its health.
+REQUEST_ERRORS = [
+    pytest.param(
+        "llamacpp-error-tools-500.txt",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "tools": 5},
+        id="500-bad-tools",
+    ),
+    pytest.param(
+        "llamacpp-error-embeddings-501.txt", "/v1/embeddings", {"input": "Hi"}, id="501-no-route"
+    ),
+]
+
+
+def answer(status: int) -> Capture:
+    """A backend's JSON error answer with `status`, in llama.cpp's shape."""
+    body = json.dumps({"error": {"code": status, "message": "unwell", "type": "server_error"}})
+    headers = (("Content-Type", "application/json; charset=utf-8"),)
+    return Capture(status, HTTPStatus(status).phrase, headers, body.encode())
+
+
+async def metrics_text(proxy: ProxyClient) -> str:
+    async with proxy.get("/metrics") as resp:
+        return await resp.text()
+
+
+@pytest.mark.parametrize("upstreams", [1, 2])
+@pytest.mark.parametrize(("capture_name", "path", "payload"), REQUEST_ERRORS)
+async def test_errors_a_request_caused_never_eject(
+    make_proxy: MakeProxy,
+    make_upstream,
+    upstreams: int,
+    capture_name: str,
+    path: str,
+    payload: dict[str, object],
+) -> None:
+    capture = load_capture(capture_name)
+    fakes = [await make_upstream() for _ in range(upstreams)]
+    for fake, _ in fakes:
+        fake.script = Script(capture)
+    urls = tuple(url for _, url in fakes)
+    proxy = await make_proxy(upstream=urls, eject_after=2, health_interval=60)
+    for _ in range(8):  # four times eject_after on every upstream
+        async with proxy.post(path, json=payload) as resp:
+            assert resp.status == capture.status  # the backend's own answer, never our 503
+            assert await resp.read() == capture.body
+    assert [len(fake.requests) for fake, _ in fakes] == [8 // upstreams] * upstreams
+    for fake, _ in fakes:
+        fake.script = Script(load_capture(SAMPLE))
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 200
+        assert (await frames_of(resp))[-1].finish_reason == "length"
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
+    text = await metrics_text(proxy)
+    assert "codec_proxy_upstream_ejections_total 0.0" in text
+    assert 'codec_proxy_upstream_errors_total{kind="status_5xx"} 8.0' in text  # still counted
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+async def test_gateway_failures_eject_one_of_two(
+    make_proxy: MakeProxy, make_upstream, status: int
+) -> None:
+    (sick, sick_url), (good, good_url) = await make_upstream(), await make_upstream()
+    sick.script = Script(answer(status))
+    proxy = await make_proxy(upstream=(sick_url, good_url), eject_after=2, health_interval=60)
+    statuses = []
+    for _ in range(8):
+        async with proxy.post("/v1/completions", json={"prompt": "Hi"}) as resp:
+            statuses.append(resp.status)
+            await resp.read()
+    assert sorted(statuses) == [200] * 6 + [status] * 2  # an answer is final: relayed as is
+    assert (len(sick.requests), len(good.requests)) == (2, 6)
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
+    assert "codec_proxy_upstream_ejections_total 1.0" in await metrics_text(proxy)
+
+
+async def test_timeouts_eject_one_of_two(make_proxy: MakeProxy, make_upstream) -> None:
+    (slow, slow_url), (good, good_url) = await make_upstream(), await make_upstream()
+    slow.script = Script(load_capture(SAMPLE), header_delay=3.0)
+    proxy = await make_proxy(
+        upstream=(slow_url, good_url), eject_after=2, ttft_timeout=0.3, health_interval=60
+    )
+    statuses = []
+    for _ in range(6):
+        async with proxy.post("/v1/completions", json=codec_body()) as resp:
+            statuses.append(resp.status)
+            await resp.read()
+    assert sorted(statuses) == [200] * 4 + [504] * 2
+    assert (len(slow.requests), len(good.requests)) == (2, 4)
+    text = await metrics_text(proxy)
+    assert 'codec_proxy_upstream_errors_total{kind="timeout"} 2.0' in text
+    assert "codec_proxy_upstream_ejections_total 1.0" in text
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (Script(answer(503)), 503),
+        (Script(load_capture(SAMPLE), header_delay=3.0), 504),
+    ],
+    ids=["503-answers", "ttft-timeouts"],
+)
+async def test_the_last_upstream_is_never_ejected(
+    make_proxy: MakeProxy, upstream: FakeUpstream, script: Script, expected: int
+) -> None:
+    upstream.script = script
+    proxy = await make_proxy(eject_after=2, ttft_timeout=0.3, health_interval=60)
+    for _ in range(5):
+        async with proxy.post("/v1/completions", json={"prompt": "Hi"}) as resp:
+            assert resp.status == expected
+            if expected == 503:
+                assert (await resp.json())["error"]["message"] == "unwell"  # not our no_upstream
+    assert len(upstream.requests) == 5  # every one was tried
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200  # its health check says it is up: only that can say no
+    upstream.script = Script(load_capture(SAMPLE))
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 200  # at once, not after eject_seconds
+        assert (await frames_of(resp))[-1].finish_reason == "length"
+    assert "codec_proxy_upstream_ejections_total 0.0" in await metrics_text(proxy)
 
 
 # --- timeouts ---------------------------------------------------------------------------------
