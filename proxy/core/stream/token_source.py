@@ -3,16 +3,17 @@
 `--token-ids` (codec-spec.md §9, "backend token-ID passthrough"):
 
 * `retokenize`: the backend is not asked for IDs; the streamed text is retokenized.
-* `backend`: the backend is asked for the IDs it sampled and the stream carries those
-  (proxy/core/stream/backend_ids.py retokenizes only spans the IDs do not account for). A
-  stream whose first output carries no IDs ends with an error frame: the operator asked for
-  the model's IDs.
+* `backend`: the backend is asked for the IDs it sampled and the stream carries those, checked
+  against the text (proxy/core/stream/backend_ids.py retokenizes the spans they do not account
+  for or contradict, so the frames decode to the streamed text). A stream whose first output
+  carries no IDs ends with an error frame: the operator asked for the model's IDs.
 * `auto` (default): asked as for `backend`; per request, the first chunk with output decides:
   backend IDs if it carries IDs, retokenized otherwise.
 
 The choice is reported in the `Codec-Token-Source` response header: `backend` or
 `retokenized`. A `backend` stream may contain retokenized spans (the backend under-reported
-them; counted in the log), since the header is sent before they can be known.
+them or reported IDs the text contradicts; counted in StreamOutcome.retokenized_spans and the
+log), since the header is sent before they can be known.
 """
 
 from __future__ import annotations

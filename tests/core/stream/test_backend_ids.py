@@ -1,22 +1,28 @@
 """Backend-reported IDs, checked against the streamed text (proxy/core/stream/backend_ids.py).
 
-The safety property, for every stream shape: the IDs sent render to exactly the text the
-backend streamed, plus only bytes that never render (special tokens, stop strings, an
-incomplete character at the end). Exactness where the backend reports everything (vLLM), and
-fallback spans only where it does not (llama.cpp's multi-byte characters).
+The safety property, for every stream shape and whatever IDs the backend reports: the frames'
+IDs render to exactly the text the backend streamed, plus only bytes that never render (special
+tokens, IDs reported with no text, an incomplete character at the end). Exactness where the
+backend reports everything (vLLM), and fallback spans only where it does not (llama.cpp's
+multi-byte characters) or where its IDs contradict the text.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+from bisect import bisect_right
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.stream.backend_ids import BackendIds
+from proxy.core.stream.chunks import parse_completion_chunk
 from proxy.core.stream.token_bytes import TokenBytes
+from proxy.core.stream.transcode import CodecTranscoder
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.core.stream.test_retokenizer import Family, family, texts  # noqa: F401  (fixture)
 from tests.fake_upstream import UPSTREAM_FIXTURES, load_capture
@@ -250,3 +256,154 @@ def test_matching_prefix_keeps_backend_ids(smollm2_vocabulary: Vocabulary) -> No
     assert out[0] == 7042
     tokenizer = smollm2_vocabulary.loaded.tokenizer
     assert out[1:] == tokenizer.encode(" 🐵", add_special_tokens=False).ids
+
+
+# --- IDs that contradict the text -----------------------------------------------------------------
+
+INCENSE, IN, WORLD = 37421, 281, 905  # " incense", " in", " world"
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [(" in", (INCENSE,)), (" world", None)],  # the rest of " incense" never comes
+        [(" in", (INCENSE,)), (" world", (WORLD,))],  # ... and the next chunk's IDs are right
+        [("", (INCENSE,)), (" in", None), (" world", (WORLD,))],  # reported before its text
+    ],
+    ids=["no-ids-after", "right-ids-after", "reported-ahead"],
+)
+def test_an_id_the_later_text_contradicts_is_never_sent(
+    smollm2_vocabulary: Vocabulary, chunks: list[Chunk]
+) -> None:
+    # " in" confirms the start of " incense", " world" contradicts the rest: the client must
+    # read " in world", neither " world" nor " incense world".
+    out, spans = run(smollm2_vocabulary, chunks)
+    assert out == [IN, WORLD]
+    assert smollm2_vocabulary.loaded.tokenizer.decode(out) == " in world"
+    assert spans == 1
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected", "spans"),
+    [
+        # A stop string or a wrong ID: " incense" is not the text, so " in" is retokenized.
+        ([(" Paris", (7042,)), (" in", (INCENSE,))], [7042, IN], 1),
+        ([(" in", (IN, WORLD))], [IN], 0),  # an ID past the text is dropped
+        ([(" in", (IN, WORLD)), ("", (EOS,))], [IN, EOS], 0),  # ... an end-of-turn one is not
+        ([("X", (72, 174))], [72, 174], 0),  # the first byte of a character max_tokens cut
+        ([("X", (72, 174, 174))], [72], 0),  # not a character's start
+        ([("", (INCENSE,))], [INCENSE], 0),  # reported with no text (a held-back stop string)
+    ],
+    ids=["partly-rendered", "past-the-text", "eos-after", "cut-character", "two-leads", "no-text"],
+)
+def test_ids_still_ahead_at_the_end(
+    smollm2_vocabulary: Vocabulary, chunks: list[Chunk], expected: list[int], spans: int
+) -> None:
+    assert run(smollm2_vocabulary, chunks) == (expected, spans)
+
+
+def test_ids_reported_without_text_follow_an_open_span(smollm2_vocabulary: Vocabulary) -> None:
+    # An emoji span (llama.cpp reported its last byte token only), then a tool-call region a
+    # parser consumed, then text: the region's IDs keep their place between the two.
+    tokenizer = smollm2_vocabulary.loaded.tokenizer
+    markup = tuple(tokenizer.encode("<tool_call>", add_special_tokens=False).ids)
+    done = tuple(tokenizer.encode(" Done.", add_special_tokens=False).ids)
+    out, spans = run(smollm2_vocabulary, [("🐵", (130,)), ("", markup), (" Done.", done)])
+    assert out == [*tokenizer.encode("🐵", add_special_tokens=False).ids, *markup, *done]
+    assert spans == 1
+
+
+# --- any split, any corruption --------------------------------------------------------------------
+
+
+def chunked(token_bytes: TokenBytes, text: str, ids: list[int], cuts: list[int]) -> list[Chunk]:
+    """`text` cut at character positions; each ID goes with the chunk its first byte is in, so
+    IDs run ahead of the text where a token spans a cut (as vLLM's do)."""
+    bounds = sorted({0, *(cut for cut in cuts if 0 < cut < len(text))})
+    pieces = [text[a:b] for a, b in zip(bounds, [*bounds[1:], len(text)], strict=True)]
+    starts = [len(text[:bound].encode()) for bound in bounds]
+    grouped: list[list[int]] = [[] for _ in pieces]
+    offset = 0
+    for token_id in ids:
+        grouped[bisect_right(starts, offset) - 1].append(token_id)
+        offset += len(rendered(token_bytes, [token_id]))
+    return [(piece, tuple(group)) for piece, group in zip(pieces, grouped, strict=True)]
+
+
+@given(text=texts.filter(bool), cuts=st.lists(st.integers(1, 80), max_size=12))
+def test_ids_running_ahead_of_any_split_are_all_sent(
+    smollm2_vocabulary: Vocabulary, text: str, cuts: list[int]
+) -> None:
+    ids = smollm2_vocabulary.loaded.tokenizer.encode(text, add_special_tokens=False).ids
+    chunks = chunked(smollm2_vocabulary.token_bytes, text, ids, cuts)
+    assert run(smollm2_vocabulary, [*chunks, ("", (EOS,))]) == ([*ids, EOS], 0)
+
+
+CORRUPTIONS = ("keep", "wrong", "unknown", "none", "empty", "extra", "drop", "later", "earlier")
+
+
+def corrupt(data: st.DataObject, chunks: list[Chunk], vocab_size: int) -> list[Chunk]:
+    lists = [list(ids or ()) for _, ids in chunks]
+    missing = [False] * len(chunks)
+    for index in range(len(chunks)):
+        ids = lists[index]
+        kind = data.draw(st.sampled_from(CORRUPTIONS), label=f"corruption {index}")
+        at = data.draw(st.integers(0, len(ids)), label=f"position {index}")
+        some_id = data.draw(st.integers(0, vocab_size - 1), label=f"id {index}")
+        if kind == "wrong" and ids:
+            ids[min(at, len(ids) - 1)] = some_id
+        elif kind == "unknown":
+            ids.insert(at, vocab_size + some_id)
+        elif kind == "none":
+            missing[index] = True
+        elif kind == "empty":
+            ids.clear()
+        elif kind == "extra":
+            ids.insert(at, some_id)
+        elif kind == "drop" and ids:
+            del ids[min(at, len(ids) - 1)]
+        elif kind == "later" and ids and index + 1 < len(chunks):  # reported a chunk late
+            lists[index + 1].insert(0, ids.pop())
+        elif kind == "earlier" and ids and index:  # reported a chunk early
+            lists[index - 1].append(ids.pop(0))
+    return [
+        (text, None if gone else tuple(ids))
+        for (text, _), ids, gone in zip(chunks, lists, missing, strict=True)
+    ]
+
+
+def event(text: str, ids: tuple[int, ...] | None, finish: str | None = None) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "text": text, "token_ids": ids, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+@given(text=texts.filter(bool), data=st.data())
+def test_frames_decode_to_the_streamed_text_whatever_ids_are_reported(
+    smollm2_vocabulary: Vocabulary, text: str, data: st.DataObject
+) -> None:
+    token_bytes = smollm2_vocabulary.token_bytes
+    ids = smollm2_vocabulary.loaded.tokenizer.encode(text, add_special_tokens=False).ids
+    cuts = data.draw(st.lists(st.integers(1, max(1, len(text) - 1)), max_size=12), label="cuts")
+    chunks = corrupt(data, chunked(token_bytes, text, ids, cuts), token_bytes.vocab_size)
+    if chunks[0][1] is None:  # the first chunk with output decides: backend IDs, always
+        chunks[0] = (chunks[0][0], ())
+    t = CodecTranscoder(
+        smollm2_vocabulary.scheme,
+        parse_completion_chunk,
+        token_ids="backend",
+        token_bytes=token_bytes,
+    )
+    frames = [frame for piece, piece_ids in chunks for frame in t.feed(event(piece, piece_ids))]
+    frames += t.feed(event("", (EOS,), "stop"))
+    frames += t.flush()
+    assert [frame.done for frame in frames] == [False] * (len(frames) - 1) + [True]
+    assert all(frame.ids for frame in frames[:-1])
+    assert t.token_source == "backend"
+    out = [i for frame in frames for i in frame.ids]
+    sent = rendered(token_bytes, out)
+    # Exactly the text, save the first bytes of one character that `max_tokens` could have cut
+    # (an extra byte token on the last chunk looks just like that).
+    assert sent.startswith(text.encode())
+    tail = sent[len(text.encode()) :]
+    assert len(tail) < 4
+    assert codecs.getincrementaldecoder("utf-8")().decode(tail) == ""  # raises if not a start
