@@ -17,6 +17,9 @@ from proxy.core.http.upgrade import VersionPolicyMode
 from proxy.core.stream.token_source import TokenIdMode
 
 MiB = 1 << 20
+# The longest token-ID prompt when neither `max_prompt_ids` nor the backend's /v1/models says:
+# 128 Ki, the context of today's long-context open models (Llama 3.1, Qwen2.5 with YaRN).
+DEFAULT_MAX_PROMPT_IDS = 131072
 # The trained dictionaries shipped with the proxy (dictionaries/manifest.json).
 DEFAULT_DICTIONARIES_MANIFEST = (
     Path(__file__).resolve().parent.parent / "dictionaries" / "manifest.json"
@@ -61,6 +64,14 @@ class Settings:
     # --- limits ---
     max_body_bytes: int = option(
         32 * MiB, help="largest request body, after decompression (413 beyond)", minimum=1
+    )
+    # Counted before a prompt's IDs are parsed or checked, so a body of millions of IDs costs
+    # the proxy next to nothing (Path A token-ID prompts, Path B prompt_ids).
+    max_prompt_ids: int | None = option(
+        None,
+        help="longest token-ID prompt, 413 beyond (default: the backend's context length from "
+        f"/v1/models, else {DEFAULT_MAX_PROMPT_IDS})",
+        minimum=1,
     )
     max_event_bytes: int = option(
         1 * MiB, help="largest single SSE event from the upstream (a bounded parser)", minimum=64

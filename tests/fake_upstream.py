@@ -113,8 +113,10 @@ class FakeUpstream:
         default_factory=lambda: Script(load_capture("llamacpp-completions-sample.txt"))
     )
     requests: list[RecordedRequest] = field(default_factory=list)
-    # What GET /v1/models lists.
+    # What GET /v1/models lists, and what each entry says besides its id (vLLM's
+    # `max_model_len`, llama.cpp's `meta`).
     models: list[str] = field(default_factory=lambda: ["smollm2"])
+    model_fields: dict[str, Any] = field(default_factory=dict)
     # A JSON body with any of these top-level fields gets a 400, as a server that does not
     # know them might answer (llama.cpp: logprobs with tools in a stream).
     refuse_fields: tuple[str, ...] = ()
@@ -131,8 +133,9 @@ class FakeUpstream:
     stalled_at: list[float] = field(default_factory=list)
 
     def app(self) -> web.Application:
-        # Request bodies are recorded as sent, content coding and all.
-        app = web.Application(handler_args={"auto_decompress": False})
+        # Request bodies are recorded as sent, content coding and all, and may be as long as
+        # the proxy's (aiohttp's default cap is 1 MiB; backends take long prompts).
+        app = web.Application(client_max_size=64 << 20, handler_args={"auto_decompress": False})
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
@@ -148,7 +151,7 @@ class FakeUpstream:
         if request.path == "/health":
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":
-            data = [{"id": name, "object": "model"} for name in self.models]
+            data = [{"id": name, "object": "model", **self.model_fields} for name in self.models]
             return web.json_response({"object": "list", "data": data})
         if self.refuse_fields and body.startswith(b"{"):
             refused = sorted(set(json.loads(body)) & set(self.refuse_fields))

@@ -27,6 +27,7 @@ from proxy.core.safety.json_policing import (
 )
 from proxy.core.stream.chunks import parse_chat_chunk, parse_completion_chunk
 from proxy.core.stream.transcode import ChunkParser
+from proxy.core.wire.prompt_ids import PromptLimits
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class Endpoint:
     upstream_path: str
     # Every path the backends serve this endpoint on (llama.cpp also answers without `/v1`).
     paths: tuple[str, ...]
-    # The request body, validated for Codec (`vocab_size` bounds token-ID prompts).
-    parse_request: Callable[[bytes, int], CompletionRequest]
+    # The request body, validated for Codec (the limits bound token-ID prompts).
+    parse_request: Callable[[bytes, PromptLimits], CompletionRequest]
     parse_chunk: ChunkParser
     # Where the generated text is in a streamed chunk and in a whole response body.
     streamed_text: TextField
@@ -48,7 +49,7 @@ COMPLETIONS: Final = Endpoint(
     "completions",
     "/v1/completions",
     ("/v1/completions", "/completions"),
-    lambda raw, vocab_size: parse_completion_request(raw, vocab_size=vocab_size),
+    parse_completion_request,
     parse_completion_chunk,
     COMPLETION_TEXT,
     COMPLETION_TEXT,
@@ -58,7 +59,7 @@ CHAT: Final = Endpoint(
     "chat",
     "/v1/chat/completions",
     ("/v1/chat/completions", "/chat/completions"),
-    lambda raw, vocab_size: parse_chat_request(raw),
+    lambda raw, limits: parse_chat_request(raw),
     parse_chat_chunk,
     CHAT_DELTA,
     CHAT_MESSAGE,

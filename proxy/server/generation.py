@@ -9,9 +9,18 @@
   (§9), and the same frames come back.
 
 What differs between completions and chat is one row of `proxy.core.endpoints`.
+
+A body can be 32 MiB of token IDs. Decoding and parsing one is CPU work of up to seconds, so
+bodies from `_OFF_LOOP_BYTES` on go to a worker thread: the core parsers work in slices of
+a few milliseconds, and between two slices the thread hands the interpreter back, so every
+other stream and `/livez` keep being served meanwhile.
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from aiohttp import web
 
@@ -26,11 +35,32 @@ from proxy.core.errors import Forbidden
 from proxy.core.http.body_coding import decode_body
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire.codec_request import decode_codec_request
+from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.server.codec import codec_plan, serve_codec
 from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
+from proxy.server.models import MODELS
 from proxy.server.policed_json import police_json
 from proxy.server.relay import relay
 from proxy.server.streaming import combined_header, request_target
+from proxy.settings import DEFAULT_MAX_PROMPT_IDS
+
+T = TypeVar("T")
+
+# Below this a body is decoded and parsed in well under a millisecond: not worth a thread.
+_OFF_LOOP_BYTES: Final = 64 * 1024
+
+
+async def off_loop(size: int, work: Callable[[], T]) -> T:
+    """`work()`, in a worker thread when it handles `size` bytes or more."""
+    if size < _OFF_LOOP_BYTES:
+        return work()
+    return await asyncio.to_thread(work)
+
+
+def prompt_limits(app: web.Application) -> PromptLimits:
+    """`max_prompt_ids`, else the backend's context length as last listed, else the default."""
+    max_ids = app[SETTINGS].max_prompt_ids or app[MODELS].context_length() or DEFAULT_MAX_PROMPT_IDS
+    return PromptLimits(app[VOCABULARY].loaded.vocab_size, max_ids)
 
 
 async def read_body(request: web.Request) -> tuple[bytes, bytes]:
@@ -40,17 +70,18 @@ async def read_body(request: web.Request) -> tuple[bytes, bytes]:
     pass-through sends the body as it was sent, Codec requests are parsed from the decoded one.
     """
     raw = await request.read()
-    decoded = decode_body(
-        raw,
-        combined_header(request, "Content-Encoding"),
-        max_bytes=request.app[SETTINGS].max_body_bytes,
-    )
+    coding = combined_header(request, "Content-Encoding")
+    max_bytes = request.app[SETTINGS].max_body_bytes
+    # A small compressed body can decode to max_body_bytes: always off the loop.
+    size = len(raw) if coding is None else max(len(raw), _OFF_LOOP_BYTES)
+    decoded = await off_loop(size, lambda: decode_body(raw, coding, max_bytes=max_bytes))
     return raw, decoded
 
 
 async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     raw, body = await read_body(request)
-    parsed = endpoint.parse_request(body, request.app[VOCABULARY].loaded.vocab_size)
+    limits = prompt_limits(request.app)
+    parsed = await off_loop(len(body), lambda: endpoint.parse_request(body, limits))
     if not parsed.is_codec:
         # JSON is not Codec traffic: never refused for its version. Passed through byte for
         # byte (coding and all) unless a safety policy must read it.
@@ -77,11 +108,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions_codec(request: web.Request) -> web.StreamResponse:
     _, body = await read_body(request)
-    parsed = decode_codec_request(
-        body,
-        request.headers.get("Content-Type"),
-        vocab_size=request.app[VOCABULARY].loaded.vocab_size,
-    )
+    content_type = request.headers.get("Content-Type")
+    limits = prompt_limits(request.app)
+    parsed = await off_loop(len(body), lambda: decode_codec_request(body, content_type, limits))
     plan = codec_plan(
         request,
         COMPLETIONS,

@@ -1,8 +1,9 @@
 """The upstream's `GET /v1/models`: one fetch path for every use of it.
 
 Path B names its model from it when `--model` is not set (`CodecRequest` has no model field,
-codec-spec.md §3.3), and the drift check reads the backend's vocabulary size from it. The
-parsing is `proxy.core.backend.models`; this module does the request and remembers the answer.
+codec-spec.md §3.3), the drift check reads the backend's vocabulary size from it, and token-ID
+prompts are bounded by the context length it gives. The parsing is `proxy.core.backend.models`;
+this module does the request and remembers the answer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
-from proxy.core.backend.models import MODELS_PATH, ModelEntry, only_model, parse_models
+from proxy.core.backend.models import (
+    MODELS_PATH,
+    ModelEntry,
+    find_model,
+    only_model,
+    parse_models,
+)
 from proxy.core.errors import UpstreamUnavailable
 from proxy.server.upstream import UpstreamPool
 
@@ -48,6 +55,17 @@ class UpstreamModels:
         if self._configured is not None:
             return self._configured
         return only_model(await self.listing())
+
+    def context_length(self) -> int | None:
+        """The context length of the model requests use (`--model`, else the only one), as
+        the last listing gave it; None before any listing, or when it did not say.
+
+        Never looks it up: requests read it before they are parsed, and a lookup there would
+        contact the upstream for requests it refuses. The drift check (at start, then every
+        few minutes) and Path B's model lookup keep the listing.
+        """
+        entry = None if self._listing is None else find_model(self._listing, self._configured)
+        return None if entry is None else entry.context_length
 
     async def _fetch(self) -> tuple[ModelEntry, ...]:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -37,6 +38,11 @@ log = logging.getLogger("codec_proxy")
 # aiohttp's client adds these when a request lacks them; a transparent proxy must not.
 SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 
+# aiohttp hands a bytes body to the transport in one write, and warns (ResourceWarning) above
+# 1 MiB that this holds the loop; a BytesIO goes out in 64 KiB writes with the loop turning in
+# between. Long token-ID prompts and relayed uploads are such bodies.
+_ONE_WRITE_BYTES = 1 << 20
+
 # Our own probes say who they are, so backend logs (and tests) can tell them from traffic.
 HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 
@@ -53,6 +59,10 @@ _NOTHING_SENT = (
     aiohttp.ClientConnectionResetError,
     aiohttp.ClientOSError,
 )
+
+
+def _payload(data: bytes | None) -> bytes | io.BytesIO | None:
+    return io.BytesIO(data) if data is not None and len(data) > _ONE_WRITE_BYTES else data
 
 
 class Overloaded(ProxyError):
@@ -196,7 +206,8 @@ class UpstreamPool:
                         method,
                         URL(upstream.url.rstrip("/") + path_qs, encoded=True),
                         headers=headers,
-                        data=data,
+                        # A fresh BytesIO per attempt: a retry sends the body from its start.
+                        data=_payload(data),
                         allow_redirects=False,
                         skip_auto_headers=SKIP_AUTO_HEADERS,
                     )

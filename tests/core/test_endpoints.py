@@ -10,21 +10,25 @@ import pytest
 from proxy.core.endpoints import CHAT, COMPLETIONS, Endpoint
 from proxy.core.errors import BadRequest
 from proxy.core.stream.chunks import ChunkDelta
+from proxy.core.wire.prompt_ids import PromptLimits
+
+LIMITS = PromptLimits(100, 10)
 
 
 def test_completions_row_parses_completion_requests_and_bounds_prompt_ids() -> None:
     body = json.dumps({"prompt": [1, 2], "stream_format": "msgpack"}).encode()
-    assert COMPLETIONS.parse_request(body, 100).is_codec
+    assert COMPLETIONS.parse_request(body, LIMITS).is_codec
     with pytest.raises(BadRequest):
-        COMPLETIONS.parse_request(body, 2)  # ID 2 is outside a 2-token vocabulary
+        COMPLETIONS.parse_request(body, PromptLimits(2, 10))  # ID 2 is outside a 2-token vocabulary
 
 
 def test_chat_row_parses_chat_requests() -> None:
     body = json.dumps({"messages": [{"role": "user", "content": "Hi"}]}).encode()
-    parsed = CHAT.parse_request(body, 100)
+    parsed = CHAT.parse_request(body, LIMITS)
     assert not parsed.is_codec
+    body = json.dumps({"prompt": "Hi", "stream_format": "msgpack"}).encode()
     with pytest.raises(BadRequest):
-        CHAT.parse_request(json.dumps({"prompt": "Hi", "stream_format": "msgpack"}).encode(), 100)
+        CHAT.parse_request(body, LIMITS)
 
 
 @pytest.mark.parametrize(

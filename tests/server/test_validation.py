@@ -100,3 +100,34 @@ async def test_json_requests_are_not_validated_beyond_routing(
         assert resp.status == 200
         await resp.read()
     assert len(upstream.requests) == 1
+
+
+def nested_codec_request(depth: int) -> bytes:
+    """A Codec request either route takes, with one field nested `depth` levels deep."""
+    fields = b'{"prompt": "x", "messages": [{"role": "user", "content": "x"}], '
+    return fields + b'"stream_format": "msgpack", "a": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # RFC 8259 §8.2: a lone surrogate cannot be written again as UTF-8 for the backend.
+        b'{"prompt": "\\ud800", "stream_format": "msgpack"}',
+        b'{"messages": [{"role": "user", "content": "\\udc00"}], "stream_format": "msgpack"}',
+        b'{"prompt": "x", "stream_format": "json", "user": "a\\ud800"}',
+        nested_codec_request(1025),  # past orjson's parse depth
+        nested_codec_request(100_000),  # where the `json` module overflowed the stack
+        nested_codec_request(300),  # parsed, but deeper than orjson writes upstream
+    ],
+    ids=["surrogate-prompt", "surrogate-message", "surrogate-json", "1025", "100000", "300"],
+)
+async def test_json_the_backend_must_not_get_is_400_invalid_json(
+    proxy: ProxyClient, upstream: FakeUpstream, path: str, raw: bytes
+) -> None:
+    async with proxy.post(path, data=raw) as resp:
+        assert resp.status == 400
+        assert resp.headers["Content-Type"].startswith("application/json")
+        error = (await resp.json())["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json")
+    assert upstream.requests == []

@@ -7,13 +7,14 @@ JSON requests are only checked as far as routing needs; the backend validates th
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.errors import BadRequest
+from proxy.core.http.json_body import parse_json_object, read_json_object
 from proxy.core.http.upstream_body import Endpoint, UpstreamRequest
 from proxy.core.wire.formats import JSON, check_stream_format
+from proxy.core.wire.prompt_ids import PromptLimits, item_types, outside_vocabulary
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,19 +36,10 @@ class CompletionRequest:
         return UpstreamRequest(self.endpoint, fields)
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
-    return body
-
-
-def parse_completion_request(raw: bytes, *, vocab_size: int) -> CompletionRequest:
+def parse_completion_request(raw: bytes, limits: PromptLimits) -> CompletionRequest:
     """Parse a `/v1/completions` body; `BadRequest` for what a Codec stream can't carry."""
-    body = parse_json_object(raw)
+    document = read_json_object(raw)
+    body = document.value
     stream_format = check_stream_format(body.get("stream_format", JSON))
     request = CompletionRequest(body, stream_format)
     if request.is_codec:
@@ -57,7 +49,13 @@ def parse_completion_request(raw: bytes, *, vocab_size: int) -> CompletionReques
             raise BadRequest(
                 f"echo is not supported with stream_format={stream_format!r}", code="unsupported"
             )
-        check_prompt(body.get("prompt"), vocab_size, stream_format)
+        pending, prompt = document.pending, body.get("prompt")
+        if pending is not None and (pending.items is prompt or pending.items is _single(prompt)):
+            # Counted from the body's bytes: too many IDs are refused before any is parsed.
+            limits.check_count(pending.count)
+    document.complete()
+    if request.is_codec:
+        check_prompt(body.get("prompt"), limits, stream_format)
     return request
 
 
@@ -93,34 +91,38 @@ def _check_sampling(body: dict[str, Any], fmt: str) -> None:
         raise BadRequest("stop must be a string or a list of strings", code="invalid_type")
 
 
-def check_prompt(prompt: Any, vocab_size: int, fmt: str) -> None:
-    """A single prompt: a string or a list of token IDs inside the vocabulary."""
+def _single(prompt: Any) -> Any:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one is a single prompt
+        return prompt[0]  # a batch of one is a single prompt
+    return prompt
+
+
+def check_prompt(prompt: Any, limits: PromptLimits, fmt: str) -> None:
+    """A single prompt: a string, or a list of at most `limits.max_ids` token IDs inside the
+    vocabulary. A string is not counted: the body limit bounds it, and the backend tokenizes."""
+    prompt = _single(prompt)
     if isinstance(prompt, str):
         return
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest(
             "prompt must be a string or a non-empty list of token IDs", code="invalid_type"
         )
-    if any(isinstance(item, str | list) for item in prompt):
+    types = item_types(prompt)
+    if str in types or list in types:
         raise BadRequest(
             f"a batch of prompts cannot be streamed as stream_format={fmt!r}: "
             "a Codec frame has no choice index; send one prompt per request",
             code="unsupported_batch",
         )
-    for token_id in prompt:
-        if not _is_int(token_id):
-            raise BadRequest("prompt token IDs must be integers", code="invalid_type")
-        if not 0 <= token_id < vocab_size:
-            raise BadRequest(
-                f"prompt token ID {token_id} is outside the vocabulary [0, {vocab_size})",
-                code="invalid_token_id",
-            )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    if types != {int}:  # bool is a type of its own here, as JSON has it
+        raise BadRequest("prompt token IDs must be integers", code="invalid_type")
+    limits.check_count(len(prompt))
+    token_id = outside_vocabulary(prompt, limits.vocab_size)
+    if token_id is not None:
+        raise BadRequest(
+            f"prompt token ID {token_id} is outside the vocabulary [0, {limits.vocab_size})",
+            code="invalid_token_id",
+        )
 
 
 def _optional(

@@ -14,16 +14,25 @@ backend for the IDs it sampled (`--token-ids`; environment.md "Ground-truth IDs"
 
 These fields only ever go on Codec requests: a JSON client's request is relayed byte for byte
 and its response is the backend's, so it never sees them.
+
+Serialized with orjson: a token-ID prompt of a million IDs takes it a few tens of milliseconds
+where `json.dumps` takes ten times that, all of it holding the event loop.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
+
+import orjson
+
+from proxy.core.errors import BadRequest
 
 Endpoint = Literal["completions", "chat"]
+
+# orjson serializes at most this many levels of nesting (it parses up to 1024).
+MAX_DEPTH: Final = 254
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,4 +56,11 @@ class UpstreamRequest:
             elif not body.get("tools"):
                 body["logprobs"] = True
                 body.pop("top_logprobs", None)
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            return orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            # The fields came from a parsed request, so only their depth can fail here: a
+            # client error, found before the upstream is contacted.
+            raise BadRequest(
+                f"request fields nest deeper than {MAX_DEPTH} levels: {exc}", code="invalid_json"
+            ) from exc

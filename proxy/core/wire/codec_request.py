@@ -5,11 +5,12 @@
                             prefix, or with a 4-byte big-endian one equal to the remaining
                             length (the vLLM fork strips such a prefix; interop.md §2.1)
 
-The decoder takes bytes already read (and, once request compression exists, decompressed):
-size limits are the edge's job. Everything is checked before the upstream is contacted, and
-every failure is a `BadRequest` (400) saying what was wrong: malformed msgpack or protobuf, a
-varint longer than 5 bytes (I-D § Security), truncation, a field of the wrong type, an ID
-outside the vocabulary (§12 item 12). Another content type is a 415 (§12 item 15).
+The decoder takes bytes already read and decompressed: the body size limit is the edge's job.
+Everything is checked before the upstream is contacted, and every failure is a `BadRequest`
+(400) saying what was wrong: malformed msgpack or protobuf, a varint longer than 5 bytes (I-D
+§ Security), truncation, a field of the wrong type, an ID outside the vocabulary (§12 item 12).
+Another content type is a 415 (§12 item 15); more IDs than `max_prompt_ids` a 413, found before
+they are decoded (msgpack's own array limit; protobuf's packed bytes counted).
 
 Where the spec is silent:
 - `max_tokens` absent or 0 means 256, the vLLM fork's default (proto3 cannot tell 0 from absent,
@@ -23,16 +24,19 @@ Where the spec is silent:
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
+from google.protobuf.message import DecodeError
 
 from proxy.core.errors import BadRequest, UnsupportedMediaType
-from proxy.core.wire import protowire
+from proxy.core.wire import codec_pb2, protowire
 from proxy.core.wire.formats import MSGPACK, check_stream_format
+from proxy.core.wire.prompt_ids import PromptLimits, item_types, outside_vocabulary
 
 MSGPACK_MEDIA_TYPE: Final = "application/x-msgpack"
 PROTOBUF_MEDIA_TYPE: Final = "application/x-protobuf"
@@ -41,6 +45,9 @@ DEFAULT_STREAM_FORMAT: Final = MSGPACK
 
 _FLOAT32 = struct.Struct("<f")
 _PREFIX = struct.Struct(">I")
+# Packed IDs are decoded this many bytes at a time (a few milliseconds each), so a worker
+# thread decoding a long prompt hands the interpreter back to the event loop between them.
+_PACKED_SLICE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +76,20 @@ def media_type(content_type: str | None) -> str:
 
 
 def decode_codec_request(
-    body: bytes, content_type: str | None, *, vocab_size: int
+    body: bytes, content_type: str | None, limits: PromptLimits
 ) -> CodecRequestBody:
     kind = media_type(content_type)
     if kind == MSGPACK_MEDIA_TYPE:
-        fields = _msgpack_fields(body)
+        fields = _msgpack_fields(body, limits)
     elif kind == PROTOBUF_MEDIA_TYPE:
-        fields = _protobuf_fields(body)
+        fields = _protobuf_fields(body, limits)
     else:
         raise UnsupportedMediaType(
             f"Content-Type {content_type or '(none)'!r} is not a CodecRequest; "
             f"send {MSGPACK_MEDIA_TYPE} or {PROTOBUF_MEDIA_TYPE}",
             code="unsupported_media_type",
         )
-    return _validated(fields, vocab_size)
+    return _validated(fields, limits)
 
 
 def _error(message: str, code: str = "invalid_codec_request") -> BadRequest:
@@ -92,11 +99,15 @@ def _error(message: str, code: str = "invalid_codec_request") -> BadRequest:
 # --- msgpack --------------------------------------------------------------------------------
 
 
-def _msgpack_fields(body: bytes) -> dict[str, Any]:
+def _msgpack_fields(body: bytes, limits: PromptLimits) -> dict[str, Any]:
     try:
-        # strict_map_key: str/bytes keys only; the default length limits are the body size.
-        value = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        # strict_map_key: str/bytes keys only. No array may be longer than a prompt may be: the
+        # unpacker refuses one from its header, before building millions of ints. Other length
+        # limits are the body size (the default).
+        value = msgpack.unpackb(body, raw=False, strict_map_key=True, max_array_len=limits.max_ids)
     except ValueError as exc:  # ExtraData, FormatError, StackError, truncation, bad UTF-8
+        if "max_array_len" in str(exc):  # "N exceeds max_array_len(M)"
+            raise limits.too_long("CodecRequest: an array has more items") from exc
         raise _error(f"invalid msgpack: {str(exc) or type(exc).__name__}") from exc
     if type(value) is not dict:
         raise _error(f"the msgpack body is a {type(value).__name__}, not a map")
@@ -118,7 +129,7 @@ def _msgpack_fields(body: bytes) -> dict[str, Any]:
 
 
 def _typed_list(value: Any, kind: type, name: str, what: str) -> list[Any]:
-    if type(value) is not list or any(type(item) is not kind for item in value):
+    if type(value) is not list or not item_types(value) <= {kind}:
         raise _error(f"`{name}` must be an array of {what}", "invalid_type")
     return value
 
@@ -126,7 +137,7 @@ def _typed_list(value: Any, kind: type, name: str, what: str) -> list[Any]:
 # --- protobuf -------------------------------------------------------------------------------
 
 
-def _protobuf_fields(body: bytes) -> dict[str, Any]:
+def _protobuf_fields(body: bytes, limits: PromptLimits) -> dict[str, Any]:
     # A message never starts with a byte below 0x08 (field number 0), and a length prefix of a
     # body under 16 MiB always does: so a prefix is unambiguous.
     if body and body[0] < 0x08:
@@ -146,11 +157,12 @@ def _protobuf_fields(body: bytes) -> dict[str, Any]:
     while not reader.at_end:
         number, wire_type = reader.key()
         if number == 1 and wire_type == protowire.LEN:  # packed, as the schema declares
-            packed_end = reader.length_delimited_end()
-            while reader.pos < packed_end:
-                ids.append(reader.uint32(packed_end))
+            packed, count = reader.packed_uint32(reader.length_delimited_end())
+            limits.check_count(len(ids) + count, "CodecRequest: prompt_ids")
+            _decode_packed(packed, count, ids)
         elif number == 1 and wire_type == protowire.VARINT:  # unpacked: valid proto3 too
             ids.append(reader.uint32())
+            limits.check_count(len(ids), "CodecRequest: prompt_ids")
         elif number == 2 and wire_type == protowire.VARINT:
             fields["max_tokens"] = reader.uint32()
         elif number == 3 and wire_type == protowire.I32:
@@ -170,19 +182,46 @@ def _protobuf_fields(body: bytes) -> dict[str, Any]:
     return fields
 
 
+def _decode_packed(packed: bytes, count: int, ids: list[int]) -> None:
+    """Append the `count` values of packed varints that `WireReader.packed_uint32` checked.
+
+    Decoded by the protobuf runtime's C parser, which is lenient only where the bytes were
+    already checked, in slices cut after a varint's last byte, into a list sized once (growing
+    a list of millions copies it, in one call, each time it is reallocated).
+    """
+    filled = len(ids)
+    ids.extend(itertools.repeat(0, count))
+    start = 0
+    while start < len(packed):
+        end = min(start + _PACKED_SLICE_BYTES, len(packed))
+        while packed[end - 1] >= 0x80:  # the checks left a last byte within 5 of any byte
+            end += 1
+        piece = packed[start:end]
+        try:
+            values = codec_pb2.CodecRequest.FromString(
+                b"\x0a" + protowire.varint(len(piece)) + piece
+            ).prompt_ids
+        except DecodeError as exc:  # pragma: no cover - the bytes were checked
+            raise _error(f"invalid packed prompt_ids: {exc}") from exc
+        ids[filled : filled + len(values)] = values
+        filled += len(values)
+        start = end
+
+
 # --- both -----------------------------------------------------------------------------------
 
 
-def _validated(fields: dict[str, Any], vocab_size: int) -> CodecRequestBody:
+def _validated(fields: dict[str, Any], limits: PromptLimits) -> CodecRequestBody:
     ids: list[int] = fields.get("prompt_ids", [])
     if not ids:
         raise _error("`prompt_ids` is required and must not be empty", "invalid_prompt")
-    for token_id in ids:
-        if not 0 <= token_id < vocab_size:
-            raise _error(
-                f"prompt token ID {token_id} is outside the vocabulary [0, {vocab_size})",
-                "invalid_token_id",
-            )
+    limits.check_count(len(ids), "CodecRequest: prompt_ids")
+    token_id = outside_vocabulary(ids, limits.vocab_size)
+    if token_id is not None:
+        raise _error(
+            f"prompt token ID {token_id} is outside the vocabulary [0, {limits.vocab_size})",
+            "invalid_token_id",
+        )
     max_tokens: int = fields.get("max_tokens", 0)
     if not 0 <= max_tokens <= protowire.MAX_UINT32:
         raise _error("`max_tokens` must be a uint32", "invalid_value")

@@ -23,6 +23,14 @@ UINT32_VARINT_BYTES: Final = 5
 UINT64_VARINT_BYTES: Final = 10
 MAX_UINT32: Final = 0xFFFFFFFF
 
+# Bytes per scan of a packed field (translate, count): a millisecond or two each.
+SCAN_BYTES: Final = 1 << 20
+# A packed uint32 field, byte by byte (I-D § Security): "c" continues a varint, "s" ends one and
+# would keep a fifth byte within 32 bits (<= 0x0F), "b" ends one with more than that.
+_PACKED_CLASSES: Final = bytes(
+    ord("c" if byte >= 0x80 else "s" if byte <= 0x0F else "b") for byte in range(256)
+)
+
 # (message, code) -> the exception to raise; codes: "truncated", "varint_too_long", or the
 # caller's generic code for anything else.
 ErrorFactory = Callable[[str, str], Exception]
@@ -77,6 +85,30 @@ class WireReader:
         if value > MAX_UINT32:
             raise self.fail(f"protobuf value {value} exceeds uint32")
         return value
+
+    def packed_uint32(self, end: int) -> tuple[bytes, int]:
+        """A packed repeated uint32 field up to `end`: its bytes and how many values they hold.
+
+        Checked as bytes, without decoding a value (millions of IDs must not mean millions of
+        Python steps): every varint ends inside the field, none is longer than 5 bytes, none is
+        over 32 bits. A varint is its continuation bytes (>= 0x80) and one last byte, so the
+        count is the bytes below 0x80, and an over-long or over-large one is a run of classes.
+        Scanned a window at a time, each overlapping the next by the 4 bytes a run can span.
+        """
+        packed = self.take(end)
+        if packed and packed[-1] >= 0x80:
+            raise self.fail("protobuf varint truncated", "truncated")
+        continuations = 0
+        for window in range(0, len(packed), SCAN_BYTES):
+            classes = packed[window : window + SCAN_BYTES + 4].translate(_PACKED_CLASSES)
+            if b"c" * UINT32_VARINT_BYTES in classes:
+                raise self.fail(
+                    f"protobuf varint longer than {UINT32_VARINT_BYTES} bytes", "varint_too_long"
+                )
+            if b"ccccb" in classes:
+                raise self.fail("protobuf value exceeds uint32")
+            continuations += classes.count(b"c", 0, SCAN_BYTES)
+        return packed, len(packed) - continuations
 
     def length_delimited_end(self) -> int:
         """Read a length; return where that many bytes end (checked against the message)."""

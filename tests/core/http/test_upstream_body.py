@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from proxy.core.errors import BadRequest
 from proxy.core.http.upstream_body import UpstreamRequest
 
 
@@ -44,3 +47,21 @@ def test_chat_asks_for_logprobs_without_top_logprobs_unless_tools_are_on() -> No
 def test_non_ascii_text_goes_up_as_utf8() -> None:
     raw = UpstreamRequest("completions", {"prompt": "héllo"}).body(model=None, ask_for_ids=False)
     assert "héllo".encode() in raw
+
+
+def test_fields_nested_deeper_than_orjson_writes_are_a_400() -> None:
+    # orjson parses 1024 levels but writes 254: a Codec request in between is refused before
+    # the upstream is contacted, never a 500.
+    nested: object = 1
+    for _ in range(300):
+        nested = [nested]
+    request = UpstreamRequest("completions", {"prompt": "Hi", "extra": nested})
+    with pytest.raises(BadRequest) as info:
+        request.body(model=None, ask_for_ids=False)
+    assert (info.value.status_hint, info.value.code) == (400, "invalid_json")
+
+
+def test_a_long_token_id_prompt_goes_up_as_a_json_array() -> None:
+    ids = list(range(100_000))
+    sent = body(UpstreamRequest("completions", {"prompt": ids}), model=None, ask_for_ids=False)
+    assert sent["prompt"] == ids

@@ -13,21 +13,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.errors import BadRequest, UnsupportedMediaType
-from proxy.core.wire import codec_pb2
+from proxy.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from proxy.core.wire import codec_pb2, codec_request, protowire
 from proxy.core.wire.codec_request import (
     DEFAULT_MAX_TOKENS,
     CodecRequestBody,
     decode_codec_request,
 )
+from proxy.core.wire.prompt_ids import PromptLimits
 
 VOCAB = 49152
+LIMITS = PromptLimits(VOCAB, 1000)
 MSGPACK = "application/x-msgpack"
 PROTOBUF = "application/x-protobuf"
 
 
 def decode(body: bytes, content_type: str = PROTOBUF) -> CodecRequestBody:
-    return decode_codec_request(body, content_type, vocab_size=VOCAB)
+    return decode_codec_request(body, content_type, LIMITS)
 
 
 def proto(**fields: Any) -> bytes:
@@ -115,7 +117,7 @@ def test_media_type_parameters_and_case(content_type: str) -> None:
 )
 def test_other_content_types_are_415(content_type: str | None) -> None:
     with pytest.raises(UnsupportedMediaType) as info:
-        decode_codec_request(proto(prompt_ids=[1]), content_type, vocab_size=VOCAB)
+        decode_codec_request(proto(prompt_ids=[1]), content_type, LIMITS)
     assert info.value.status_hint == 415
     assert "application/x-msgpack" in info.value.message
 
@@ -302,3 +304,96 @@ def test_mutated_bodies_only_raise_bad_request(
         result = decode(bytes(body), content_type)
         assert result.prompt_ids
         assert result.max_tokens > 0
+
+
+# --- long prompts: counted before they are decoded --------------------------------------------
+
+SMALL = PromptLimits(VOCAB, 4)
+
+
+def packed_field(region: bytes) -> bytes:
+    return b"\x0a" + protowire.varint(len(region)) + region
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (proto(prompt_ids=[1, 2, 3, 4, 5]), PROTOBUF),
+        # Counted from the bytes: the values (outside the vocabulary) are never decoded.
+        (packed_field(b"\xff\xff\x03" * 5), PROTOBUF),
+        (proto(prompt_ids=[1, 2, 3]) + proto(prompt_ids=[4, 5]), PROTOBUF),  # two packed fields
+        (bytes.fromhex("08 01 08 02 08 03 08 04 08 05"), PROTOBUF),  # unpacked
+        (packed({"prompt_ids": [1, 2, 3, 4, 5]}), MSGPACK),
+        # msgpack's array limit stops at the header, before the elements are built.
+        (packed({"prompt_ids": [1], "extra": [True] * 5}), MSGPACK),
+        (b"\x81\xaaprompt_ids\xdd\xff\xff\xff\xff", MSGPACK),  # 4 Gi items claimed, none sent
+    ],
+    ids=["packed", "packed-unchecked", "two-packed", "unpacked", "msgpack", "any-array", "claim"],
+)
+def test_more_ids_than_the_limit_are_a_413(body: bytes, content_type: str) -> None:
+    with pytest.raises(PayloadTooLarge) as info:
+        decode_codec_request(body, content_type, SMALL)
+    assert (info.value.status_hint, info.value.code) == (413, "prompt_too_long")
+
+
+def test_as_many_ids_as_the_limit_are_fine() -> None:
+    ids = (1, 2, 3, 4)
+    assert decode_codec_request(proto(prompt_ids=ids), PROTOBUF, SMALL).prompt_ids == ids
+    assert decode_codec_request(packed({"prompt_ids": ids}), MSGPACK, SMALL).prompt_ids == ids
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # A surrogate's UTF-8 form (RFC 3629 §3) is not UTF-8: msgpack strings are refused.
+        b"\x82\xaaprompt_ids\x91\x01\xa4stop\x91\xa3\xed\xa0\x80",
+        b"\x82\xaaprompt_ids\x91\x01\xa5other\xa3\xed\xa0\x80",
+        # Nesting deeper than the unpacker's stack, in a known and in an unknown key.
+        b"\x81\xa4stop" + b"\x91" * 5000 + b"\x01",
+        b"\x82\xaaprompt_ids\x91\x01\xa5other" + b"\x81\xa1a" * 5000 + b"\x01",
+    ],
+    ids=["surrogate-stop", "surrogate-unknown", "deep-stop", "deep-unknown"],
+)
+def test_bad_strings_and_deep_nesting_in_msgpack_are_a_400(body: bytes) -> None:
+    with pytest.raises(BadRequest) as info:
+        decode(body, MSGPACK)
+    assert (info.value.status_hint, info.value.code) == (400, "invalid_codec_request")
+
+
+def reference_packed(region: bytes) -> list[int] | None:
+    """The values one varint at a time, as the reader always could; None for an error."""
+    reader = protowire.WireReader(region, lambda m, c: BadRequest(m, code=c), "bad")
+    values = []
+    try:
+        while not reader.at_end:
+            values.append(reader.uint32())
+    except BadRequest:
+        return None
+    return values
+
+
+varint_bytes = st.one_of(
+    st.integers(0, 2**35).map(protowire.varint),
+    st.binary(min_size=1, max_size=7),  # anything, valid or not
+    st.integers(0, 127).map(lambda b: bytes([0x80, 0x80, b])),  # padded: valid, non-canonical
+)
+
+
+@given(st.lists(varint_bytes, min_size=1, max_size=40), st.integers(1, 9), st.integers(1, 9))
+def test_packed_ids_decode_as_one_varint_at_a_time(
+    pieces: list[bytes], scan: int, slice_bytes: int
+) -> None:
+    region = b"".join(pieces)
+    expected = reference_packed(region)
+    with pytest.MonkeyPatch.context() as patch:
+        # Windows and slices of a few bytes: every boundary falls inside some varint.
+        patch.setattr(protowire, "SCAN_BYTES", scan)
+        patch.setattr(codec_request, "_PACKED_SLICE_BYTES", slice_bytes)
+        body = packed_field(region)
+        limits = PromptLimits(2**32, 1000)
+        if expected is None:
+            with pytest.raises(BadRequest) as info:
+                decode_codec_request(body, PROTOBUF, limits)
+            assert info.value.status_hint == 400
+        else:
+            assert list(decode_codec_request(body, PROTOBUF, limits).prompt_ids) == expected
