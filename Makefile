@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/throughput.py
 	$(PY) bench/compression.py
 	$(PY) bench/load.py
+	$(PY) bench/paced.py
 
 ## Retrain the shipped zstd dictionaries (docs/COMPRESSION.md). The corpus is SmolLM2's own
 ## output, committed in dictionaries/corpus/; delete it to regenerate it (about an hour of CPU).
