@@ -228,6 +228,8 @@ def test_captures_are_classified() -> None:
     assert len(SSE_CAPTURES) == 16
     assert JSON_CAPTURES == [
         "llamacpp-error-bad-json.txt",
+        "llamacpp-error-embeddings-501.txt",
+        "llamacpp-error-tools-500.txt",
         "llamacpp-models.txt",
         "llamacpp-tokenize.txt",
         "vllm-completions-error-n2-binary.txt",
