@@ -28,7 +28,6 @@ TESTED_ELSEWHERE: dict[str, tuple[str, ...]] = {
         "tests/test_dictionaries.py",
         "tests/core/compression/test_compressors.py",
     ),
-    "http/request.py": ("tests/server/test_validation.py", "tests/core/test_endpoints.py"),
     "maps/checks.py": ("tests/maps/test_map_checks.py",),
     "maps/content.py": ("tests/maps/test_map_checks.py", "tests/tokenizers/test_codec_maps.py"),
     "safety/descriptor.py": ("tests/server/test_safety.py", "tests/server/test_schema.py"),

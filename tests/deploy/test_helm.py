@@ -98,6 +98,8 @@ def example(name: str) -> Any:
         return not value
     if isinstance(value, int | float):
         return value + 1
+    if int in typing.get_args(kind):
+        return 4096  # an optional integer (max_prompt_ids)
     if name == "health_path":
         return "/v1/health"
     if field.metadata["option"].url:
