@@ -73,7 +73,8 @@ class Metrics:
         )
         self.overhead = Histogram(
             "codec_proxy_overhead_seconds",
-            "Time spent inside the proxy on one upstream chunk (parse, retokenize, encode).",
+            "Mean time spent inside the proxy per upstream chunk (parse, retokenize, encode), "
+            "observed once per stream.",
             ["mode"],
             buckets=_OVERHEAD_BUCKETS,
             registry=r,

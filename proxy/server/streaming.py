@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -126,6 +127,12 @@ class ClientStalled(ConnectionResetError):
     """The client did not take our bytes within the write timeout; it is dropped."""
 
 
+# A write that leaves the transport's buffer below asyncio's low-water mark (16 KiB) cannot
+# make aiohttp wait for a drain, so it needs no write timeout around it: the common case, one
+# small frame or event at a time.
+_NO_WAIT_BELOW = 16 * 1024
+
+
 class ClientWriter:
     """Writes to one client: awaited (backpressure), bounded in time, accounted once."""
 
@@ -144,12 +151,25 @@ class ClientWriter:
         self._metrics = metrics
         self._record = record
         self._timeout = write_timeout or None
-        self._bytes = metrics.bytes_out.labels(record.mode, encoding)
+        self._encoding = encoding
         self._gap = metrics.inter_token_gap.labels(record.mode)
 
     async def write(self, data: bytes) -> None:
         if not data:
             return
+        transport = self._request.transport
+        if transport is not None and transport.get_write_buffer_size() + len(data) < _NO_WAIT_BELOW:
+            await self._response.write(data)
+        else:
+            await self._write_in_time(data)
+        first = self._record.ttft is None
+        gap = self._record.wrote(len(data), time.monotonic())
+        if first and self._record.ttft is not None:
+            self._metrics.ttft.labels(self._record.mode).observe(self._record.ttft)
+        elif gap is not None:
+            self._gap.observe(gap)
+
+    async def _write_in_time(self, data: bytes) -> None:
         try:
             async with asyncio.timeout(self._timeout):
                 await self._response.write(data)
@@ -161,19 +181,24 @@ class ClientWriter:
             if self._request.transport is not None:
                 self._request.transport.abort()
             raise ClientStalled("client stopped reading") from exc
-        first = self._record.ttft is None
-        gap = self._record.wrote(len(data), time.monotonic())
-        self._bytes.inc(len(data))
-        if first and self._record.ttft is not None:
-            self._metrics.ttft.labels(self._record.mode).observe(self._record.ttft)
-        elif gap is not None:
-            self._gap.observe(gap)
+
+    def account(self) -> None:
+        """Publish the bytes sent, once per response rather than once per write."""
+        if self._record.bytes_out:
+            labels = self._metrics.bytes_out.labels(self._record.mode, self._encoding)
+            labels.inc(self._record.bytes_out)
 
     async def close(self) -> None:
         async with asyncio.timeout(self._timeout):
             await self._response.write_eof()
         self._record.status = self._response.status
         self._record.completed = True
+
+
+@dataclass(slots=True)
+class _Cost:
+    seconds: float = 0.0
+    chunks: int = 0
 
 
 async def stream_response(
@@ -219,6 +244,31 @@ async def stream_response(
         encoding=encoding,
     )
     record.phase = "streaming"
+    # Transcoding time per upstream chunk, published once per stream as its mean: observing a
+    # histogram per chunk cost more than most of what it measured.
+    cost = _Cost()
+    try:
+        await _pump(request, exchange, body, writer, head, ended, cost)
+    finally:
+        writer.account()
+        if overhead is not None and cost.chunks:
+            overhead.observe(cost.seconds / cost.chunks)
+    return response
+
+
+async def _pump(
+    request: web.Request,
+    exchange: Exchange,
+    body: ResponseBody,
+    writer: ClientWriter,
+    head: bytes,
+    ended: bool,
+    cost: _Cost,
+) -> None:
+    """Write `head`, then read, transform and write until the body is done."""
+    app = request.app
+    record = request[RECORD]
+    loop = asyncio.get_running_loop()
     try:
         await writer.write(head)
         while not (ended or body.done):
@@ -232,8 +282,8 @@ async def stream_response(
                 elif chunk:
                     started = time.perf_counter()
                     data = body.feed(chunk, now)
-                    if overhead is not None:
-                        overhead.observe(time.perf_counter() - started)
+                    cost.seconds += time.perf_counter() - started
+                    cost.chunks += 1
                 else:
                     data, ended = body.flush(now), True
             except (aiohttp.ClientError, ProxyError) as exc:
@@ -246,11 +296,11 @@ async def stream_response(
                     record.outcome = f"upstream_failed: {type(exc).__name__}"
                     if request.transport is not None:
                         request.transport.close()
-                    return response
+                    return
                 data, ended = ending, True
             await writer.write(data)
     except ClientStalled:
-        return response  # dropped: its connection is aborted, the exchange closes upstream
+        return  # dropped: its connection is aborted, the exchange closes upstream
     except asyncio.CancelledError as exc:
         ending = body.fail("proxy shutting down", loop.time()) if is_shutdown(exc) else None
         if ending is None:
@@ -262,4 +312,3 @@ async def stream_response(
         record.outcome = "ended_by_shutdown"
         await writer.write(ending)
     await writer.close()
-    return response

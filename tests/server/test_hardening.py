@@ -413,6 +413,37 @@ async def test_idle_timeout_mid_codec_stream_is_a_terminal_error_frame(
     await wait_for(lambda: upstream.outcomes == ["aborted"])  # and the upstream was closed
 
 
+async def test_a_stream_held_up_by_its_client_is_not_idle(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    # The upstream sends as fast as it may; the proxy is the slow side, because its client
+    # pauses for several idle timeouts (less than the write timeout). The upstream was never
+    # idle, so the body must arrive whole.
+    capture = load_capture(SAMPLE)
+    event = b"data: " + json.dumps({"choices": [{"text": " x" * 500, "index": 0}]}).encode()
+    long_body = (event + b"\n\n") * (24 * 1024) + b"data: [DONE]\n\n"
+    upstream.script = Script(capture.__class__(200, "OK", capture.headers, long_body))
+    proxy = await make_proxy(idle_timeout=0.3, write_timeout=10)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((proxy.host, proxy.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    body = json.dumps({"prompt": "Hi", "stream": True}).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    await asyncio.sleep(1.5)  # five idle timeouts without reading a byte
+    raw = await asyncio.wait_for(reader.read(), 60)
+    writer.close()
+    assert raw.startswith(b"HTTP/1.1 200")
+    assert raw.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")  # whole, not cut by a timeout
+    async with proxy.get("/metrics") as resp:
+        assert 'codec_proxy_timeouts_total{kind="idle"}' not in await resp.text()
+
+
 async def test_idle_timeout_mid_json_stream_closes_the_connection(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:
