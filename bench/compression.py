@@ -23,13 +23,24 @@ thread time of encoding + compressing, per token.
 
 Part 2, `live`: the real proxy (a `codec-proxy serve` child process) in front of a fake
 upstream that replays natural 2048-token streams at 50 tokens/s, each format and coding in
-turn, with the default policy and with per-frame flushing. A client decompresses as bytes
-arrive (the zstd dictionary picked by codecai's `select_zstd_dict_for_response`) and records
-when each token becomes decodable; latency is measured from the moment the upstream wrote the
-delta that produced the token.
+turn (a Codec client insisting on it with `identity;q=0`), with the default policy and with
+per-frame flushing; at the default policy also clients offering `gzip, deflate, br, zstd`, with
+and without `Codec-Client-Version`, to see what the negotiation gives them. A client
+decompresses as bytes arrive (the zstd dictionary picked by codecai's
+`select_zstd_dict_for_response`) and records when each token becomes decodable; latency is
+measured from the moment the upstream wrote the delta that produced the token.
 
 Part 3, `levels`: encoder effort (gzip level, brotli quality, zstd level) at the default
 policy, natural text, 2048 tokens.
+
+The coding table: bytes/token of every coding for every format the proxy sends, natural text,
+2048 tokens, at each flush interval, each coding on the schedule the proxy sends it on
+(identity frame by frame). The coding negotiation picks the smallest acceptable coding from it
+(proxy/core/http/coding_sizes.py, content_coding.py):
+
+    python bench/compression.py --coding-table print   # the module's text, and what a client
+    python bench/compression.py --coding-table write   # offering everything gets; write it
+    python bench/compression.py --offer-everything     # live: what such clients get, measured
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -62,6 +74,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from proxy import assets  # noqa: E402
+from proxy.core.compression.body_writer import flush_config_for  # noqa: E402
 from proxy.core.compression.compressors import (  # noqa: E402
     BrotliCompressor,
     CompressionLevels,
@@ -72,11 +85,17 @@ from proxy.core.compression.compressors import (  # noqa: E402
 )
 from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries  # noqa: E402
 from proxy.core.compression.flush import FlushConfig, FlushPolicy, merge_frames  # noqa: E402
-from proxy.core.http.content_coding import ContentCoding  # noqa: E402
+from proxy.core.http.content_coding import (  # noqa: E402
+    CodingCurve,
+    ContentCoding,
+    negotiate_coding,
+)
+from proxy.core.http.versioning import parse_client_version  # noqa: E402
 from proxy.core.stream.chunks import parse_completion_chunk  # noqa: E402
 from proxy.core.stream.retokenizer import RetokenizerScheme  # noqa: E402
 from proxy.core.stream.transcode import CodecTranscoder  # noqa: E402
 from proxy.core.wire.decoder import FrameDecoder  # noqa: E402
+from proxy.core.wire.formats import SENT_AS  # noqa: E402
 from proxy.core.wire.frames import Frame, FrameEncoder, encoder_for  # noqa: E402
 from proxy.dictionaries.load import load_dictionaries  # noqa: E402
 from proxy.embedded import EmbeddedBackend, free_port  # noqa: E402
@@ -91,6 +110,13 @@ WHOLE = "whole"
 FORMATS = ("msgpack", "protobuf")
 CODINGS: tuple[ContentCoding, ...] = ("identity", "gzip", "br", "zstd")
 RATE = 50.0  # tokens/s for the natural corpus
+TABLE_MODULE = REPO / "proxy" / "core" / "http" / "coding_sizes.py"
+# Every format the proxy sends (protobuf-delta is sent as protobuf), for the coding table.
+TABLE_FORMATS: tuple[str, ...] = tuple(dict.fromkeys(SENT_AS.values()))
+TABLE_LENGTH = 2048
+TABLE_STREAMS = 3
+# httpx's default when brotli and zstandard are installed (interop.md §1.3).
+OFFER_EVERYTHING = "gzip, deflate, br, zstd"
 DEFAULTS = Settings(upstream=("http://unused",), tokenizer=Path())  # for its defaults
 LLAMA_PROMPTS = (
     "Write a long story about a lighthouse keeper and a storm.",
@@ -391,6 +417,108 @@ def run_levels(
     return rows
 
 
+# --- the coding table the negotiation reads -------------------------------------------------
+
+CodingTable = dict[str, dict[str, tuple[float, ...]]]
+
+
+def measure_coding_table(
+    traces: Sequence[Trace],
+    scheme: RetokenizerScheme,
+    dictionaries: ZstdDictionaries,
+    max_frames: int,
+) -> CodingTable:
+    """bytes/token per format, coding and flush interval, merged frames, each coding on the
+    schedule the proxy sends it on (`flush_config_for`: identity frame by frame)."""
+    streams = [transcode(trace, scheme) for trace in traces]
+    table: CodingTable = {}
+    for fmt in TABLE_FORMATS:
+        dictionary = dictionaries.for_format(fmt)
+        row = table.setdefault(fmt, {})
+        for coding in CODINGS:
+            if coding == "zstd" and dictionary is None:
+                continue  # never sent: zstd needs the format's dictionary
+            for interval in INTERVALS:
+                config = flush_config_for(coding, FlushConfig(interval, max_frames, merge=True))
+                sim = Sim()
+                for reads in streams:
+                    simulate(
+                        reads,
+                        encoder_for(fmt),  # a new one per stream: delta encoders keep state
+                        new_compressor(coding, dictionary),
+                        config.interval_ms,
+                        max_frames=config.max_frames,
+                        merge=config.merge,
+                        into=sim,
+                    )
+                row[coding] = (*row.get(coding, ()), round(sim.bytes / sim.tokens, 2))
+    return table
+
+
+def render_coding_table(table: CodingTable, *, streams: int, date: str) -> str:
+    """proxy/core/http/coding_sizes.py, as ruff formats it."""
+    intervals = ", ".join(f"{interval:g}" for interval in INTERVALS)
+    how = textwrap.fill(
+        "Generated by `PYTHONPATH=. python bench/compression.py --coding-table write`; do not "
+        f"edit by hand. Measured {date}: natural text (The Devil's Dictionary), the SmolLM2 "
+        f"tokenizer, {streams} streams of {TABLE_LENGTH} tokens replayed at {RATE:g} tokens/s, "
+        f"frames merged per flush window, `--flush-frames {DEFAULTS.flush_frames}`, the default "
+        "encoder levels, dict-zstd with the shipped dictionaries, and identity as the proxy "
+        "sends it: frame by frame, whatever the interval.",
+        width=96,
+    )
+    lines = [
+        '"""Bytes per token of each content coding, per wire format and flush interval: the curve',
+        "the coding negotiation reads (content_coding.py; docs/COMPRESSION.md).",
+        "",
+        *how.splitlines(),
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from collections.abc import Mapping",
+        "from typing import Final",
+        "",
+        "# The rate the streams were replayed at: it turns `--flush-frames` into a time window.",
+        f"MEASURED_TOKENS_PER_SECOND: Final = {RATE!r}",
+        f"FLUSH_INTERVALS_MS: Final[tuple[float, ...]] = ({intervals})",
+        "# BYTES_PER_TOKEN[format][coding][i] was measured at FLUSH_INTERVALS_MS[i]. zstd only for",
+        "# the formats a dictionary exists for: the proxy never sends it for the others.",
+        "BYTES_PER_TOKEN: Final[Mapping[str, Mapping[str, tuple[float, ...]]]] = {",
+    ]
+    for fmt, row in table.items():
+        lines.append(f'    "{fmt}": {{')
+        for coding, values in row.items():
+            lines.append(f'        "{coding}": (' + ", ".join(f"{v:.2f}" for v in values) + "),")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def offer_everything_figures(table: CodingTable, dictionaries: ZstdDictionaries) -> list[str]:
+    """What a client offering everything gets at the default schedule, read off `table`."""
+    curve = CodingCurve(INTERVALS, table, RATE)
+    window = curve.window_ms(DEFAULTS.flush_interval_ms, DEFAULTS.flush_frames)
+    out = []
+    for fmt in TABLE_FORMATS:
+        for client, header in (("generic", None), ("Codec 0.4", "0.4")):
+            coding = negotiate_coding(
+                OFFER_EVERYTHING,
+                stream_format=fmt,
+                flush_interval_ms=DEFAULTS.flush_interval_ms,
+                flush_frames=DEFAULTS.flush_frames,
+                zstd_dictionary=dictionaries.for_format(fmt) is not None,
+                codec_client=parse_client_version(header).declared,
+                curve=curve,
+            )
+            out.append(
+                f"{fmt:13} {client:9} offering {OFFER_EVERYTHING!r} at "
+                f"{DEFAULTS.flush_interval_ms:g} ms: {coding:8} "
+                f"{curve.at(fmt, coding, window):.2f} B/token"
+            )
+    return out
+
+
 # --- part 2: live, through the real proxy ---------------------------------------------------
 
 
@@ -439,29 +567,67 @@ class Decompressor:
             self.feed = bytes
 
 
+@dataclass(frozen=True)
+class LiveJob:
+    """One live client: the format it asks for, what it offers, whether it is a Codec client."""
+
+    fmt: str
+    accept_encoding: str
+    codec_client: bool
+    streams: int = 1  # how many of the traces it requests, one after the other
+
+    @property
+    def client(self) -> str:
+        return "codec" if self.codec_client else "generic"
+
+
+def forced(fmt: str, coding: str) -> LiveJob:
+    """A Codec client that insists on `coding` (the proxy would otherwise pick the smallest)."""
+    accept = coding if coding == "identity" else f"{coding}, identity;q=0"
+    return LiveJob(fmt, accept, codec_client=True)
+
+
+def offering_everything(streams: int) -> list[LiveJob]:
+    """httpx's default offer, from a generic client and from a Codec client, every format."""
+    return [
+        LiveJob(fmt, OFFER_EVERYTHING, codec_client, streams)
+        for fmt in FORMATS
+        for codec_client in (False, True)
+    ]
+
+
+@dataclass
+class LiveResult:
+    times: list[float]  # when each token became decodable
+    wire: int
+    coding: str
+
+
 async def _client_stream(
-    base: str, index: int, fmt: str, coding: str, loaded: dict[str, bytes]
-) -> tuple[list[float], int, int]:
-    """(decodable time per token, wire bytes, tokens)."""
-    body = {"prompt": str(index), "max_tokens": 4096, "stream_format": fmt}
+    base: str, index: int, job: LiveJob, loaded: dict[str, bytes]
+) -> LiveResult:
+    body = {"prompt": str(index), "max_tokens": 4096, "stream_format": job.fmt}
     times: list[float] = []
     wire = 0
+    headers = {"Accept-Encoding": job.accept_encoding}
+    if job.codec_client:
+        headers = codecai.with_codec_client_version(headers)
     async with aiohttp.ClientSession(auto_decompress=False) as session:
-        headers = {"Accept-Encoding": coding}
         async with session.post(f"{base}/v1/completions", json=body, headers=headers) as resp:
             assert resp.status == 200, await resp.text()
-            assert resp.headers.get("Content-Encoding", "identity") == coding
+            coding = resp.headers.get("Content-Encoding", "identity")
+            # A generic client holds no Codec dictionary: codecai refuses a zstd response.
             dictionary = codecai.select_zstd_dict_for_response(
-                dict(resp.headers), loaded_dicts=loaded
+                dict(resp.headers), loaded_dicts=loaded if job.codec_client else {}
             )
             decompress = Decompressor(coding, dictionary)
-            decoder = FrameDecoder(fmt)  # type: ignore[arg-type]
+            decoder = FrameDecoder(job.fmt)  # type: ignore[arg-type]
             async for chunk in resp.content.iter_any():
                 wire += len(chunk)
                 frames = decoder.feed(decompress.feed(chunk))
                 now = time.perf_counter()
                 times.extend(now for frame in frames for _ in frame.ids)
-    return times, wire, len(times)
+    return LiveResult(times, wire, coding)
 
 
 def _producing_read(reads: Sequence[Read], trace: Trace) -> list[int]:
@@ -478,14 +644,15 @@ async def run_live(
     scheme: RetokenizerScheme,
     tokenizer_path: Path,
     dictionaries: ZstdDictionaries,
-    intervals: Sequence[float],
+    plan: Sequence[tuple[float, Sequence[LiveJob]]],
 ) -> list[dict[str, Any]]:
+    """For each (flush interval, jobs): a proxy with that interval, the jobs one at a time."""
     loaded = {d.record.hash: d.data for f in FORMATS if (d := dictionaries.for_format(f))}
-    combos = [(fmt, coding) for fmt in FORMATS for coding in CODINGS]
     rows = []
-    for interval in intervals:
-        jobs = [(i, fmt, coding) for i, (fmt, coding) in enumerate(combos)]
-        replay = ReplayUpstream([traces[i % len(traces)] for i, _, _ in jobs])
+    for interval, jobs in plan:
+        # One upstream request per (job, stream), each replaying its own trace.
+        requests = [(job, s) for job in jobs for s in range(job.streams)]
+        replay = ReplayUpstream([traces[i % len(traces)] for i in range(len(requests))])
         runner = web.AppRunner(replay.app())
         await runner.setup()
         upstream_port = free_port()
@@ -515,28 +682,43 @@ async def run_live(
             # One stream at a time: on a small shared machine, concurrent streams would
             # measure the CPU queue, not the flush policy.
             results = [
-                await _client_stream(base, i, fmt, coding, loaded) for i, fmt, coding in jobs
+                await _client_stream(base, i, job, loaded) for i, (job, _) in enumerate(requests)
             ]
         finally:
             proxy.terminate()
             await proxy.wait()
             await runner.cleanup()
-        for (index, fmt, coding), (times, wire, tokens) in zip(jobs, results, strict=True):
-            trace = replay.traces[index]
-            owners = _producing_read(transcode(trace, scheme), trace)
-            sent = replay.sent[index]
-            latencies = [(t - sent[owner]) * 1000 for t, owner in zip(times, owners, strict=False)]
+        for job in jobs:
+            wire = tokens = 0
+            latencies: list[float] = []
+            firsts: list[float] = []
+            codings = set()
+            for index, ((of, _), result) in enumerate(zip(requests, results, strict=True)):
+                if of is not job:
+                    continue
+                trace = replay.traces[index]
+                owners = _producing_read(transcode(trace, scheme), trace)
+                sent = replay.sent[index]
+                mine = [(t - sent[o]) * 1000 for t, o in zip(result.times, owners, strict=False)]
+                latencies += mine
+                firsts.append(mine[0])
+                wire += result.wire
+                tokens += len(result.times)
+                codings.add(result.coding)
             rows.append(
                 {
-                    "corpus": trace.corpus,
-                    "length": trace.length,
-                    "format": fmt,
-                    "coding": coding,
+                    "corpus": replay.traces[0].corpus,
+                    "length": replay.traces[0].length,
+                    "format": job.fmt,
+                    "coding": "/".join(sorted(codings)),
+                    "client": job.client,
+                    "offered": job.accept_encoding,
+                    "streams": job.streams,
                     "flush_interval_ms": interval,
                     "tokens": tokens,
                     "bytes": wire,
                     "bytes_per_token": round(wire / tokens, 3),
-                    "first_token_ms": round(latencies[0], 3),
+                    "first_token_ms": round(max(firsts), 3),
                     "latency_ms": {
                         "p50": round(percentile(latencies, 0.5), 3),
                         "p99": round(percentile(latencies, 0.99), 3),
@@ -749,22 +931,47 @@ def render_markdown(document: dict[str, Any]) -> str:
             f"| {row['format']} | {row['encoder']} | {row['bytes_per_token']:.2f} | "
             f"{row['cpu_us_per_token']:.2f} |"
         )
+    if document.get("coding_table"):
+        out += ["", _CODING_TABLE_TITLE, ""]
+        out += render_coding_table_markdown(document["coding_table"])
     if document["live"]:
         out += ["", "**Live, through the real proxy** (natural text, 50 tokens/s)", ""]
-        out += [
-            "| flush interval | format | coding | B/token | first token ms | p50 ms | p99 ms "
-            "| max ms |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
-        ]
-        for row in document["live"]:
-            lat = row["latency_ms"]
-            out.append(
-                f"| {_policy_name(row['flush_interval_ms'])} | {row['format']} | "
-                f"{name(row['coding'])} | {row['bytes_per_token']:.2f} | "
-                f"{row['first_token_ms']:.2f} | {lat['p50']:.2f} | {lat['p99']:.2f} | "
-                f"{lat['max']:.2f} |"
-            )
+        out += render_live_markdown(document["live"])
     return "\n".join(out) + "\n"
+
+
+_CODING_TABLE_TITLE = (
+    f"**The coding table** (proxy/core/http/coding_sizes.py): natural, {TABLE_LENGTH} tokens, "
+    "merged frames, identity frame by frame; bytes/token"
+)
+
+
+def render_coding_table_markdown(table: CodingTable) -> list[str]:
+    head = "| format | coding | " + " | ".join(f"{i:g} ms" for i in INTERVALS) + " |"
+    out = [head, "|---|---|" + "---:|" * len(INTERVALS)]
+    for fmt, row in table.items():
+        for coding, values in row.items():
+            name = "dict-zstd" if coding == "zstd" else coding
+            out.append(f"| {fmt} | {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+    return out
+
+
+def render_live_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    out = [
+        "| flush interval | format | client | offers | coding | B/token | first token ms "
+        "| p50 ms | p99 ms | max ms |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lat = row["latency_ms"]
+        coding = "dict-zstd" if row["coding"] == "zstd" else row["coding"]
+        out.append(
+            f"| {_policy_name(row['flush_interval_ms'])} | {row['format']} | "
+            f"{row['client']} | `{row['offered']}` | {coding} | {row['bytes_per_token']:.2f} | "
+            f"{row['first_token_ms']:.2f} | {lat['p50']:.2f} | {lat['p99']:.2f} | "
+            f"{lat['max']:.2f} |"
+        )
+    return out
 
 
 # --- main ---------------------------------------------------------------------------------
@@ -774,6 +981,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short streams, fewer of them")
     parser.add_argument("--no-live", action="store_true", help="skip the live proxy runs")
+    parser.add_argument(
+        "--coding-table",
+        choices=("print", "write"),
+        help=f"only the coding table: print it, or also write {TABLE_MODULE.relative_to(REPO)}",
+    )
+    parser.add_argument(
+        "--offer-everything",
+        action="store_true",
+        help=f"only the live runs of clients offering {OFFER_EVERYTHING!r} at the defaults",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     lengths = (32, 256) if args.quick else (32, 256, 2048)
@@ -783,27 +1000,34 @@ def main() -> None:
     scheme = RetokenizerScheme.from_tokenizer(tokenizer.tokenizer, tokenizer.encoder)
     dictionaries = load_dictionaries(DEFAULT_DICTIONARIES_MANIFEST)
     max_frames = DEFAULTS.flush_frames
+    if args.coding_table or args.offer_everything:
+        table_traces = natural_traces(tokenizer, (TABLE_LENGTH,), TABLE_STREAMS)
+        if args.coding_table:
+            _coding_table(args.coding_table, table_traces, scheme, dictionaries, max_frames)
+        if args.offer_everything:
+            plan = [(DEFAULTS.flush_interval_ms, offering_everything(TABLE_STREAMS))]
+            rows = asyncio.run(run_live(table_traces, scheme, tokenizer_path, dictionaries, plan))
+            print("\n".join(render_live_markdown(rows)))
+        return
     print("corpora", flush=True)
     natural = natural_traces(tokenizer, lengths, streams)
     llama = llamacpp_traces(lengths, streams)
     print("simulation", flush=True)
     simulated = run_simulations([*natural, *llama], scheme, dictionaries, max_frames)
     longest = max(lengths)
-    level_streams = [transcode(t, scheme) for t in natural if t.length == longest]
+    longest_natural = [t for t in natural if t.length == longest]
+    level_streams = [transcode(t, scheme) for t in longest_natural]
     levels = run_levels(level_streams, dictionaries, DEFAULTS.flush_interval_ms, max_frames)
+    coding_table = measure_coding_table(longest_natural, scheme, dictionaries, max_frames)
     live: list[dict[str, Any]] = []
     if not args.no_live:
         print("live", flush=True)
-        live_traces = [t for t in natural if t.length == longest]
-        live = asyncio.run(
-            run_live(
-                live_traces,
-                scheme,
-                tokenizer_path,
-                dictionaries,
-                (0, DEFAULTS.flush_interval_ms),
-            )
-        )
+        matrix = [forced(fmt, coding) for fmt in FORMATS for coding in CODINGS]
+        plan = [
+            (0.0, matrix),
+            (DEFAULTS.flush_interval_ms, [*matrix, *offering_everything(streams)]),
+        ]
+        live = asyncio.run(run_live(longest_natural, scheme, tokenizer_path, dictionaries, plan))
     document = {
         "meta": {
             "date": time.strftime("%Y-%m-%d"),
@@ -822,6 +1046,7 @@ def main() -> None:
         },
         "simulated": simulated,
         "levels": levels,
+        "coding_table": coding_table,
         "live": live,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -831,6 +1056,22 @@ def main() -> None:
         plot(simulated, "natural", longest, PLOT)
     print(f"wrote {args.out}", flush=True)
     _print_headline(simulated, live, longest)
+
+
+def _coding_table(
+    mode: str,
+    traces: Sequence[Trace],
+    scheme: RetokenizerScheme,
+    dictionaries: ZstdDictionaries,
+    max_frames: int,
+) -> None:
+    table = measure_coding_table(traces, scheme, dictionaries, max_frames)
+    source = render_coding_table(table, streams=len(traces), date=time.strftime("%Y-%m-%d"))
+    print(source)
+    print("\n".join(offer_everything_figures(table, dictionaries)))
+    if mode == "write":
+        TABLE_MODULE.write_text(source)
+        print(f"wrote {TABLE_MODULE.relative_to(REPO)}")
 
 
 def _print_headline(
@@ -845,7 +1086,8 @@ def _print_headline(
             )
     for row in live:
         print(
-            f"live {row['format']:8} {row['coding']:8} {row['flush_interval_ms']!s:>5} ms "
+            f"live {row['format']:8} {row['client']:7} {row['offered']!r:24} "
+            f"{row['coding']:8} {row['flush_interval_ms']!s:>5} ms "
             f"{row['bytes_per_token']:6.2f} B/tok first {row['first_token_ms']:.2f} ms "
             f"p50 {row['latency_ms']['p50']:.2f} p99 {row['latency_ms']['p99']:.2f} "
             f"max {row['latency_ms']['max']:.2f}"

@@ -45,7 +45,10 @@ async def test_every_coding_renders_the_direct_text(
         async with real_proxy.post(
             "/v1/completions",
             json=request_body(PROMPT, stream_format=fmt),
-            headers={"Accept-Encoding": coding},
+            # A Codec client insisting on the coding under test (zstd is for Codec clients).
+            headers=codecai.with_codec_client_version(
+                {"Accept-Encoding": coding if coding == "identity" else f"{coding}, identity;q=0"}
+            ),
             auto_decompress=False,
         ) as resp:
             assert resp.status == 200

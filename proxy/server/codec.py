@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.core.bodies import CodecBody
-from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
+from proxy.core.compression.body_writer import BodyWriter, flush_config_for
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.dictionaries import LoadedZstdDictionary
 from proxy.core.compression.flush import FlushConfig
@@ -34,7 +34,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.http.content_coding import IDENTITY, ZSTD, ContentCoding, negotiate_coding
 from proxy.core.http.negotiation import wants_prefixed_msgpack
 from proxy.core.http.upstream_body import UpstreamRequest
-from proxy.core.http.versioning import ClientVersion, allows_header
+from proxy.core.http.versioning import ClientVersion
 from proxy.core.safety.stream import PolicedIds
 from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
@@ -52,7 +52,7 @@ from proxy.server.streaming import (
     upstream_exchange,
 )
 from proxy.server.upstream import Exchange
-from proxy.server.versioning import codec_gate
+from proxy.server.versioning import codec_gate, declared_client_version
 from proxy.server.well_known import TOKENIZER_MAP, ZSTD_DICTIONARIES
 
 log = logging.getLogger("codec_proxy")
@@ -139,11 +139,15 @@ def codec_plan(
         stream_format, prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept"))
     )
     dictionary = request.app[ZSTD_DICTIONARIES].for_format(encoder.stream_format)
+    settings = request.app[SETTINGS]
     coding = negotiate_coding(
         combined_header(request, "Accept-Encoding"),
+        stream_format=encoder.stream_format,
+        flush_interval_ms=settings.flush_interval_ms,
+        flush_frames=settings.flush_frames,
         zstd_dictionary=dictionary is not None,
-        # zstd responses must carry Codec-Zstd-Dict: only for clients allowed that header.
-        allow_zstd=allows_header(client, "Codec-Zstd-Dict"),
+        # Dictionary zstd only for a declared Codec client (core/http/content_coding.py).
+        codec_client=declared_client_version(request),
     )
     return CodecPlan(
         endpoint,
@@ -151,7 +155,7 @@ def codec_plan(
         upstream,
         client,
         encoder,
-        token_ids=request.app[SETTINGS].token_ids,
+        token_ids=settings.token_ids,
         resolve_model=resolve_model,
         tokenizer_map=request.app[TOKENIZER_MAP].header_value,
         coding=coding,
@@ -230,11 +234,10 @@ def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> CodecBo
     policed = None if policy is None else PolicedIds(policy.rules, vocabulary.loaded.tokenizer)
     # The guard applies the client's finish-reason floor and, when enabled, the policy.
     guard = StreamGuard(transcoder, plan.client, policed)
-    flush = IDENTITY_FLUSH
-    if plan.coding != IDENTITY:
-        flush = FlushConfig(
-            settings.flush_interval_ms, settings.flush_frames, merge=settings.merge_frames
-        )
+    configured = FlushConfig(
+        settings.flush_interval_ms, settings.flush_frames, merge=settings.merge_frames
+    )
+    flush = flush_config_for(plan.coding, configured)
     compressor = new_compressor(plan.coding, plan.zstd_dictionary)
     return CodecBody(guard, BodyWriter(plan.encoder, compressor, flush))
 

@@ -1,7 +1,8 @@
 """Codec version negotiation at the edge: the client's version, the 426 gate, header floors.
 
 * `client_version(request)`: the request's `Codec-Client-Version` (absent: 0.2; unparsable:
-  0.0, logged once per client address), parsed once per request and kept on it.
+  0.0, logged once per client address), parsed once per request and kept on it;
+  `declared_client_version(request)` is the same parse, None when the header was absent.
 * `codec_gate(request)`: call it on every Codec entry point before contacting the upstream; it
   raises the 426 when this deployment enforces a floor the client is below.
 * `strip_withheld_headers`: the one place the header floor table is applied, an
@@ -20,6 +21,7 @@ from proxy.core.http.upgrade import VersionPolicy
 from proxy.core.http.versioning import (
     CLIENT_VERSION_HEADER,
     ClientVersion,
+    ParsedClientVersion,
     parse_client_version,
     withheld_headers,
 )
@@ -54,11 +56,11 @@ class VersionNotices:
 
 VERSION_POLICY = web.AppKey("version_policy", VersionPolicy)
 VERSION_NOTICES = web.AppKey("version_notices", VersionNotices)
-CLIENT_VERSION = web.RequestKey("client_version", ClientVersion)
+CLIENT_VERSION = web.RequestKey("client_version", ParsedClientVersion)
 
 
-def client_version(request: web.Request) -> ClientVersion:
-    """The Codec version this request is treated as (parsed on first use, then kept)."""
+def _parsed_client_version(request: web.Request) -> ParsedClientVersion:
+    """`Codec-Client-Version`, parsed on first use, then kept on the request."""
     if CLIENT_VERSION in request:
         return request[CLIENT_VERSION]
     header = request.headers.get(CLIENT_VERSION_HEADER)
@@ -72,11 +74,21 @@ def client_version(request: web.Request) -> ClientVersion:
             address,
             parsed.version,
         )
-    request[CLIENT_VERSION] = parsed.version
+    request[CLIENT_VERSION] = parsed
     record = request.get(RECORD)
     if record is not None and header is not None:
         record.client_version = str(parsed.version)
-    return parsed.version
+    return parsed
+
+
+def client_version(request: web.Request) -> ClientVersion:
+    """The Codec version this request is treated as (absent: 0.2)."""
+    return _parsed_client_version(request).version
+
+
+def declared_client_version(request: web.Request) -> ClientVersion | None:
+    """The Codec version the client declared; None when it sent no `Codec-Client-Version`."""
+    return _parsed_client_version(request).declared
 
 
 def codec_gate(request: web.Request) -> ClientVersion:

@@ -53,14 +53,19 @@ async def fetch_dictionary(proxy: ProxyClient, header: str) -> bytes:
     return data
 
 
+def insisting_on(coding: str) -> str:
+    """`Accept-Encoding` for exactly this coding: the proxy would otherwise pick the smallest
+    acceptable one, identity included (core/http/content_coding.py)."""
+    return coding if coding == "identity" else f"{coding}, identity;q=0"
+
+
 async def post_raw(
     proxy: ProxyClient, payload: dict[str, object], accept_encoding: str
 ) -> tuple[int, dict[str, str], bytes]:
+    """POST as a Codec client (codecai's `Codec-Client-Version`, so zstd is possible)."""
+    headers = codecai.with_codec_client_version({"Accept-Encoding": accept_encoding})
     async with proxy.post(
-        "/v1/completions",
-        json=payload,
-        headers={"Accept-Encoding": accept_encoding},
-        auto_decompress=False,
+        "/v1/completions", json=payload, headers=headers, auto_decompress=False
     ) as resp:
         return resp.status, dict(resp.headers), await resp.read()
 
@@ -80,7 +85,7 @@ async def test_decompressed_stream_is_the_identity_stream(
 ) -> None:
     capture = load_capture(capture_name)
     upstream.script = Script(capture, chunk_size=97)
-    status, headers, wire = await post_raw(proxy, body(fmt), coding)
+    status, headers, wire = await post_raw(proxy, body(fmt), insisting_on(coding))
     assert status == 200
     assert headers["Vary"] == VARY
     assert headers.get("Content-Encoding", "identity") == coding
@@ -106,10 +111,12 @@ async def test_zstd_only_with_a_dictionary_for_the_format(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:
     proxy = await make_proxy(dictionaries_manifest=None)
-    status, headers, _ = await post_raw(proxy, body(), "zstd, br, gzip")
+    status, headers, _ = await post_raw(proxy, body(), insisting_on("zstd") + ", br")
     assert status == 200
     assert headers["Content-Encoding"] == "br"
     assert "Codec-Zstd-Dict" not in headers
+    status, _, _ = await post_raw(proxy, body(), insisting_on("zstd"))
+    assert status == 406
 
 
 @pytest.mark.parametrize("accept_encoding", ["identity;q=0", "*;q=0", "zstd;q=0, identity;q=0"])
@@ -162,12 +169,11 @@ async def decodable_by(
     decoder = FrameDecoder(fmt)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     in_time = total = 0
+    headers = codecai.with_codec_client_version({"Accept-Encoding": insisting_on(coding)})
     async with proxy.post(
-        "/v1/completions",
-        json=body(fmt),
-        headers={"Accept-Encoding": coding},
-        auto_decompress=False,
+        "/v1/completions", json=body(fmt), headers=headers, auto_decompress=False
     ) as resp:
+        assert resp.headers.get("Content-Encoding", "identity") == coding
         async for chunk in resp.content.iter_any():
             ids = sum(len(f.ids) for f in decoder.feed(decompress(chunk)))
             total += ids

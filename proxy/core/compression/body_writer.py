@@ -18,10 +18,20 @@ from typing import Final
 
 from proxy.core.compression.compressors import StreamCompressor
 from proxy.core.compression.flush import FlushConfig, FlushPolicy, merge_frames
+from proxy.core.http.content_coding import IDENTITY
 from proxy.core.wire.frames import Frame, FrameEncoder
 
 # An uncompressed body gains nothing from holding frames back or merging them.
 IDENTITY_FLUSH: Final = FlushConfig(interval_ms=0, max_frames=0, merge=False)
+
+
+def flush_config_for(coding: str, configured: FlushConfig) -> FlushConfig:
+    """The schedule a response in `coding` is sent on: the configured one, or identity's.
+
+    bench/compression.py measures each coding on this same schedule for the curve the coding
+    negotiation reads (core/http/coding_sizes.py).
+    """
+    return IDENTITY_FLUSH if coding == IDENTITY else configured
 
 
 class BodyWriter:

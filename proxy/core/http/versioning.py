@@ -35,9 +35,10 @@ V0_2 = ClientVersion(0, 2)
 V0_3 = ClientVersion(0, 3)
 V0_4 = ClientVersion(0, 4)
 
-# An absent header means 0.2: the spec says both "0.0" and "0.2" (codec-spec.md §11 item 3);
-# every engine uses 0.2, and only 0.2 still lets a header-less client get `Codec-Zstd-Dict`,
-# the header the spec makes mandatory on zstd responses.
+# An absent header means 0.2 for the floors: the spec says both "0.0" and "0.2" (codec-spec.md
+# §11 item 3), every engine uses 0.2, and it keeps the 0.2 headers for header-less clients. It
+# declares nothing, though (`ParsedClientVersion.declared`): dictionary zstd needs a stated
+# version (content_coding.may_send_zstd), since a generic HTTP client sends none.
 ABSENT_CLIENT_VERSION = V0_2
 # An unparsable header means 0.0: nothing newer than the baseline is sent (codec-spec.md §4).
 UNPARSABLE_CLIENT_VERSION = V0_0
@@ -58,6 +59,12 @@ class ParsedClientVersion:
     @property
     def unparsable(self) -> bool:
         return self.source == "unparsable"
+
+    @property
+    def declared(self) -> ClientVersion | None:
+        """The version the client stated; None when it sent no header (an unparsable one is
+        stated, as 0.0). Only a stated version says the client is a Codec client at all."""
+        return None if self.source == "absent" else self.version
 
 
 def parse_client_version(header: str | None) -> ParsedClientVersion:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
+from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter, flush_config_for
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.flush import FlushConfig, merge_frames
 from proxy.core.http.content_coding import ContentCoding
@@ -136,3 +136,11 @@ def test_flush_ends_the_compressed_stream_once() -> None:
     assert end  # the pending frame and the gzip trailer
     assert writer.finished
     assert writer.flush() == b""
+
+
+@pytest.mark.parametrize("coding", CODINGS)
+def test_each_coding_has_one_schedule(coding: str) -> None:
+    # The one the server sends it on and bench/compression.py measures the coding table on.
+    configured = FlushConfig(50.0, 32)
+    expected = IDENTITY_FLUSH if coding == "identity" else configured
+    assert flush_config_for(coding, configured) == expected

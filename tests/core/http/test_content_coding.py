@@ -1,19 +1,61 @@
-"""Accept-Encoding negotiation (RFC 9110 §12.5.3) with the spec's server preference (§5)."""
+"""Accept-Encoding negotiation (RFC 9110 §12.5.3): the smallest acceptable coding on the
+measured curve for the flush schedule, the spec's order (§5) only on ties, dictionary zstd only
+for declared Codec clients."""
 
 from __future__ import annotations
+
+import itertools
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.errors import NotAcceptable
+from proxy.core.http.coding_sizes import BYTES_PER_TOKEN, FLUSH_INTERVALS_MS
 from proxy.core.http.content_coding import (
+    MEASURED_CURVE,
     SERVER_PREFERENCE,
+    CodingCurve,
+    ContentCoding,
     coding_label,
+    may_send_zstd,
     negotiate_coding,
     parse_accept_encoding,
     weight,
 )
+from proxy.core.http.versioning import ClientVersion, parse_client_version
+from proxy.settings import Settings
+
+CODEC_CLIENT = ClientVersion(0, 4)
+# Every coding the same size: the choice is the spec's order, which isolates RFC 9110 parsing.
+FLAT = CodingCurve((0.0,), {"msgpack": {coding: (1.0,) for coding in SERVER_PREFERENCE}}, 50.0)
+# dict-zstd far the smallest: whenever it is not chosen, the precondition withheld it.
+ZSTD_SMALLEST = CodingCurve(
+    (0.0,), {"msgpack": {"zstd": (1.0,), "br": (5.0,), "gzip": (6.0,), "identity": (9.0,)}}, 50.0
+)
+DEFAULTS = Settings(upstream=("http://unused",), tokenizer=Path())
+
+
+def negotiate(
+    header: str | None,
+    *,
+    curve: CodingCurve = FLAT,
+    stream_format: str = "msgpack",
+    flush_interval_ms: float = 50.0,
+    flush_frames: int = 32,
+    zstd_dictionary: bool = True,
+    codec_client: ClientVersion | None = CODEC_CLIENT,
+) -> ContentCoding:
+    return negotiate_coding(
+        header,
+        stream_format=stream_format,
+        flush_interval_ms=flush_interval_ms,
+        flush_frames=flush_frames,
+        zstd_dictionary=zstd_dictionary,
+        codec_client=codec_client,
+        curve=curve,
+    )
 
 
 @pytest.mark.parametrize(
@@ -22,7 +64,7 @@ from proxy.core.http.content_coding import (
         (None, "identity"),  # no field: no preference; Codec compression is opt-in
         ("", "identity"),  # empty field: no coding wanted
         ("gzip", "gzip"),
-        ("gzip, br", "br"),  # server order, not the client's
+        ("gzip, br", "br"),  # server order on a tie, not the client's
         ("gzip;q=1.0, br;q=0.1", "br"),  # q only decides acceptable or not
         ("zstd, br, gzip", "zstd"),
         ("ZSTD, Br", "zstd"),  # case-insensitive
@@ -40,18 +82,137 @@ from proxy.core.http.content_coding import (
         ("br, br;q=0", "br"),  # listed twice: the higher weight wins
     ],
 )
-def test_negotiation(header: str | None, expected: str) -> None:
-    assert negotiate_coding(header, zstd_dictionary=True) == expected
+def test_accept_encoding_on_a_flat_curve(header: str | None, expected: str) -> None:
+    assert negotiate(header) == expected
+
+
+# --- the measured curve ---------------------------------------------------------------------
+
+OFFERS = ["gzip", "br", "zstd", "deflate"]
+# Every subset of codings offered, with identity allowed or excluded.
+HEADERS = [
+    ", ".join([*offer, *exclusion]) or "identity"
+    for n in range(len(OFFERS) + 1)
+    for offer in itertools.combinations(OFFERS, n)
+    for exclusion in ([], ["identity;q=0"])
+    if offer or not exclusion
+]
+# Every measured interval, between two of them, and beyond the last.
+WINDOWS = sorted({*FLUSH_INTERVALS_MS, 5.0, 37.5, 175.0, 1000.0})
+
+
+@pytest.mark.parametrize("stream_format", sorted(BYTES_PER_TOKEN))
+@pytest.mark.parametrize("interval", WINDOWS)
+def test_every_interval_picks_the_smallest_acceptable_coding(
+    stream_format: str, interval: float
+) -> None:
+    dictionary = "zstd" in BYTES_PER_TOKEN[stream_format]
+    for header in HEADERS:
+        accepted = parse_accept_encoding(header)
+        candidates = [c for c in SERVER_PREFERENCE if c != "zstd" or dictionary]
+        acceptable = [c for c in candidates if weight(accepted, c) > 0]
+        size = {c: MEASURED_CURVE.at(stream_format, c, interval) for c in acceptable}
+        try:
+            chosen = negotiate(
+                header,
+                curve=MEASURED_CURVE,
+                stream_format=stream_format,
+                flush_interval_ms=interval,
+                flush_frames=10_000,
+                zstd_dictionary=dictionary,
+            )
+        except NotAcceptable:
+            assert not acceptable, header  # `deflate, identity;q=0`, say
+            continue
+        assert chosen in acceptable, header
+        assert size[chosen] == min(size.values()), (header, size)
+
+
+def test_the_curve_is_read_where_it_was_measured_and_between() -> None:
+    gzip = BYTES_PER_TOKEN["msgpack"]["gzip"]
+    for interval, value in zip(FLUSH_INTERVALS_MS, gzip, strict=True):
+        assert MEASURED_CURVE.at("msgpack", "gzip", interval) == value
+    middle = (FLUSH_INTERVALS_MS[3] + FLUSH_INTERVALS_MS[4]) / 2
+    assert MEASURED_CURVE.at("msgpack", "gzip", middle) == pytest.approx((gzip[3] + gzip[4]) / 2)
+    assert MEASURED_CURVE.at("msgpack", "gzip", 10 * FLUSH_INTERVALS_MS[-1]) == gzip[-1]
+    # Not measured: never chosen over a measured coding.
+    assert MEASURED_CURVE.at("msgpack-delta", "zstd", 50.0) == float("inf")
+    assert MEASURED_CURVE.at("json", "gzip", 50.0) == float("inf")
+
+
+@pytest.mark.parametrize(
+    ("interval_ms", "max_frames", "window_ms"),
+    [
+        (50.0, 32, 50.0),  # the defaults: the interval bounds the window
+        (0.0, 32, 0.0),  # 0: every frame
+        (50.0, 0, 0.0),  # 0 frames: every frame
+        (50.0, 1, 0.0),  # one pending frame is flushed at once
+        (60_000.0, 2, 20.0),  # two frames at 50 tokens/s: one gap of 20 ms
+    ],
+)
+def test_the_flush_schedule_as_a_window(
+    interval_ms: float, max_frames: int, window_ms: float
+) -> None:
+    assert MEASURED_CURVE.window_ms(interval_ms, max_frames) == window_ms
+
+
+def test_the_schedule_decides() -> None:
+    # Every frame flushed: zstd's per-block headers cost more than batching saves.
+    at = MEASURED_CURVE.at
+    assert at("msgpack", "zstd", 0) > at("msgpack", "identity", 0)
+    assert negotiate("zstd", curve=MEASURED_CURVE, flush_interval_ms=0) == "identity"
+    assert negotiate("zstd", curve=MEASURED_CURVE, flush_interval_ms=250) == "zstd"
+    # `identity;q=0` insists on compression, whatever the curve says.
+    assert negotiate("zstd, identity;q=0", curve=MEASURED_CURVE, flush_interval_ms=0) == "zstd"
+
+
+@pytest.mark.parametrize("codec_client", [None, CODEC_CLIENT])
+@pytest.mark.parametrize(
+    ("stream_format", "target"), [("msgpack", 3.6), ("protobuf", 3.2)]
+)  # fmt: skip
+def test_a_client_offering_everything_meets_the_target_at_the_defaults(
+    stream_format: str, target: float, codec_client: ClientVersion | None
+) -> None:
+    # httpx's default offer; docs/COMPRESSION.md: 2,048 natural-text tokens at 50 tokens/s.
+    chosen = negotiate(
+        "gzip, deflate, br, zstd",
+        curve=MEASURED_CURVE,
+        stream_format=stream_format,
+        flush_interval_ms=DEFAULTS.flush_interval_ms,
+        flush_frames=DEFAULTS.flush_frames,
+        codec_client=codec_client,
+    )
+    window = MEASURED_CURVE.window_ms(DEFAULTS.flush_interval_ms, DEFAULTS.flush_frames)
+    assert MEASURED_CURVE.at(stream_format, chosen, window) <= target
+
+
+# --- dictionary zstd ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "gets_zstd"),
+    [
+        (None, False),  # a generic client (httpx, curl, a browser): zstd means RFC 8878
+        ("0.0", False),
+        ("0.1", False),
+        ("garbage", False),  # stated, as 0.0
+        ("0.2", True),  # the floor of Codec-Zstd-Dict (codec-spec.md §4)
+        ("v0.3", True),
+        ("0.4", True),
+    ],
+)
+def test_zstd_only_for_declared_codec_clients_at_0_2(header: str | None, gets_zstd: bool) -> None:
+    declared = parse_client_version(header).declared
+    chosen = negotiate("zstd, br, gzip", curve=ZSTD_SMALLEST, codec_client=declared)
+    assert (chosen == "zstd") is gets_zstd
+    assert chosen == ("zstd" if gets_zstd else "br")
+    assert may_send_zstd(zstd_dictionary=True, codec_client=declared) is gets_zstd
 
 
 def test_zstd_needs_a_dictionary_for_the_format() -> None:
-    assert negotiate_coding("zstd, gzip", zstd_dictionary=False) == "gzip"
-    assert negotiate_coding("zstd", zstd_dictionary=False) == "identity"
-
-
-def test_zstd_can_be_withheld_from_old_clients() -> None:
-    # Clients below Codec 0.2 may not receive Codec-Zstd-Dict, so no zstd (codec-spec.md §4).
-    assert negotiate_coding("zstd, br", zstd_dictionary=True, allow_zstd=False) == "br"
+    assert negotiate("zstd, gzip", curve=ZSTD_SMALLEST, zstd_dictionary=False) == "gzip"
+    assert negotiate("zstd", curve=ZSTD_SMALLEST, zstd_dictionary=False) == "identity"
+    assert not may_send_zstd(zstd_dictionary=False, codec_client=CODEC_CLIENT)
 
 
 @pytest.mark.parametrize(
@@ -59,9 +220,14 @@ def test_zstd_can_be_withheld_from_old_clients() -> None:
 )
 def test_nothing_acceptable_is_406(header: str) -> None:
     with pytest.raises(NotAcceptable) as caught:
-        negotiate_coding(header, zstd_dictionary=False)
+        negotiate(header, zstd_dictionary=False)
     assert caught.value.status_hint == 406
     assert header in caught.value.message
+
+
+def test_zstd_withheld_from_a_generic_client_can_leave_nothing_acceptable() -> None:
+    with pytest.raises(NotAcceptable):
+        negotiate("zstd, identity;q=0", codec_client=None)
 
 
 def test_parse_keeps_wildcard_and_folds_aliases() -> None:
@@ -70,27 +236,47 @@ def test_parse_keeps_wildcard_and_folds_aliases() -> None:
 
 CODINGS = st.sampled_from(["gzip", "br", "zstd", "identity", "*", "deflate", "x-gzip", "GZip"])
 QVALUES = st.sampled_from(["", ";q=0", ";q=1", ";q=0.5", ";q=0.001", ";q=1.000", ";Q=0"])
+VERSIONS = st.sampled_from([None, "0.0", "0.1", "0.2", "0.4", "junk"])
 
 
 @given(
     elements=st.lists(st.tuples(CODINGS, QVALUES), max_size=6),
     zstd_dictionary=st.booleans(),
-    allow_zstd=st.booleans(),
+    version=VERSIONS,
+    stream_format=st.sampled_from(sorted(BYTES_PER_TOKEN)),
+    interval=st.floats(min_value=0, max_value=1000, allow_nan=False),
+    frames=st.integers(min_value=0, max_value=64),
 )
-def test_choice_is_acceptable_and_most_preferred(
-    elements: list[tuple[str, str]], zstd_dictionary: bool, allow_zstd: bool
+def test_choice_is_acceptable_sendable_and_smallest(
+    elements: list[tuple[str, str]],
+    zstd_dictionary: bool,
+    version: str | None,
+    stream_format: str,
+    interval: float,
+    frames: int,
 ) -> None:
     header = ", ".join(coding + q for coding, q in elements)
     accepted = parse_accept_encoding(header)
-    available = [c for c in SERVER_PREFERENCE if c != "zstd" or (zstd_dictionary and allow_zstd)]
-    acceptable = [c for c in available if weight(accepted, c) > 0]
+    declared = parse_client_version(version).declared
+    zstd = zstd_dictionary and declared is not None and declared >= ClientVersion(0, 2)
+    acceptable = [c for c in SERVER_PREFERENCE if (c != "zstd" or zstd) and weight(accepted, c) > 0]
     try:
-        chosen = negotiate_coding(header, zstd_dictionary=zstd_dictionary, allow_zstd=allow_zstd)
+        chosen = negotiate(
+            header,
+            curve=MEASURED_CURVE,
+            stream_format=stream_format,
+            flush_interval_ms=interval,
+            flush_frames=frames,
+            zstd_dictionary=zstd_dictionary,
+            codec_client=declared,
+        )
     except NotAcceptable:
         assert not acceptable
         return
-    assert chosen == acceptable[0]
-    assert weight(accepted, chosen) > 0
+    assert chosen in acceptable  # q=0 respected; zstd only when it may be sent
+    window = MEASURED_CURVE.window_ms(interval, frames)
+    sizes = [MEASURED_CURVE.at(stream_format, c, window) for c in acceptable]
+    assert MEASURED_CURVE.at(stream_format, chosen, window) == min(sizes)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,8 @@ def test_version_parsing_table(header: str | None, version: tuple[int, int], sou
     assert (parsed.version.major, parsed.version.minor) == version
     assert parsed.source == source
     assert parsed.unparsable is (source == "unparsable")
+    # Only a header says the client is a Codec client at all; an unparsable one still does.
+    assert parsed.declared == (None if source == "absent" else parsed.version)
 
 
 def test_versions_compare_by_major_then_minor() -> None:
