@@ -28,6 +28,7 @@ from prometheus_client import Histogram
 from proxy.core.bodies import ResponseBody
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.headers import end_to_end
+from proxy.server.auth import FORWARD_AUTHORIZATION
 from proxy.server.keys import SETTINGS
 from proxy.server.lifecycle import LIFECYCLE, is_shutdown
 from proxy.server.metrics import METRICS, Metrics
@@ -45,8 +46,13 @@ def request_target(request: web.Request) -> str:
 
 
 def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The client's end-to-end headers for the upstream request, with our request id."""
+    """The client's end-to-end headers for the upstream request, with our request id.
+
+    Not the client's Authorization when it carried the proxy's own API key (proxy/server/auth.py).
+    """
     raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    if not request.app[FORWARD_AUTHORIZATION]:
+        drop = (*drop, "authorization")
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
     return [*headers, (REQUEST_ID_HEADER, request[RECORD].id)]
