@@ -96,6 +96,22 @@ class Settings:
     drain_timeout: float = option(
         30.0, help="on SIGTERM, how long in-flight streams may finish", minimum=0
     )
+    # Bounds what a client holds while it sends nothing useful (slowloris): a request head must
+    # be complete this long after the connection opened or after its first byte, and a body
+    # this long after its head. nginx's client_header_timeout and client_body_timeout: 60 s.
+    request_timeout: float = option(
+        30.0,
+        help="reading a request's headers, and then its body, must finish within this (408)",
+        minimum=0,
+    )
+    # Above every front proxy's own idle timeout for its upstream connections (Envoy 1 h,
+    # ingress-nginx 60 s), so none ever reuses a connection the proxy is closing. aiohttp's
+    # default, for that reason. Lower it when clients connect directly (nginx uses 75 s).
+    client_keepalive_timeout: float = option(
+        3630.0,
+        help="a client connection idle between requests is closed after this (0: no keep-alive)",
+        minimum=0,
+    )
 
     # --- upstream pool ---
     # Explicit pool limits: aiohttp's silent default of 100 queues request 101 (peers.md A1).
@@ -139,6 +155,11 @@ class Settings:
     )
     api_key_file: Path | None = option(
         None, help="file with one local API key per line (secret)", secret=True
+    )
+    # With local keys, a client's Authorization header carries the proxy's key: by default it
+    # stays here, so the backend never learns it (docs/ENDPOINTS.md, "Access, errors ...").
+    forward_authorization: bool = option(
+        False, help="with api_key set, still send the client's Authorization header upstream"
     )
 
     # --- Codec discovery and the vocab handshake (docs/TOKENIZER_MAPS.md) ---

@@ -24,7 +24,7 @@ from proxy.server import create_app
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
+from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient, ProxyTestServer
 
 SAMPLE = "llamacpp-completions-sample.txt"
 
@@ -189,7 +189,8 @@ async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
     settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
-    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+    # Served on the proxy's own connections, which tell a half-close from a client that left.
+    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
 
 
 LONG = {"max_tokens": 900, "temperature": 0.8, "ignore_eos": True, "cache_prompt": False}

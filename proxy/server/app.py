@@ -20,9 +20,10 @@ from proxy.core.wire.schema import served_schema
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
 from proxy.server import local, well_known
-from proxy.server.auth import api_key_middleware
+from proxy.server.auth import FORWARD_AUTHORIZATION, api_key_middleware
 from proxy.server.drift import drift_context
 from proxy.server.errors import error_middleware
+from proxy.server.expect import expect_middleware, with_expect_handler
 from proxy.server.generation import (
     chat_completions,
     completions,
@@ -58,15 +59,17 @@ from proxy.tokenizers.vocabulary import Vocabulary
 def routes() -> list[web.RouteDef]:
     handlers = {COMPLETIONS: completions, CHAT: chat_completions}
     generation = [web.post(path, handlers[e]) for e in handlers for path in e.paths]
-    return [
-        # The proxy's own and the Codec documents: answered here, never relayed upstream.
-        *local.routes(),
-        *well_known.routes(),
-        *generation,
-        web.post("/v1/completions/codec", completions_codec),
-        # Everything else, any method: transparent pass-through to the upstream.
-        web.route("*", "/{tail:.*}", other_routes),
-    ]
+    return with_expect_handler(
+        [
+            # The proxy's own and the Codec documents: answered here, never relayed upstream.
+            *local.routes(),
+            *well_known.routes(),
+            *generation,
+            web.post("/v1/completions/codec", completions_codec),
+            # Everything else, any method: transparent pass-through to the upstream.
+            web.route("*", "/{tail:.*}", other_routes),
+        ]
+    )
 
 
 def load_app_dictionaries(settings: Settings, vocabulary: Vocabulary) -> ZstdDictionaries:
@@ -131,19 +134,28 @@ def create_app(
     settings say); its tokenizer map declares them (`zstd_dictionaries[]`). Raises
     TokenizerLoadError, TokenizerMapError, DictionaryError or ConfigError.
     """
-    # Outermost first: every request is recorded; errors become JSON before they are recorded.
+    # Outermost first: every request is recorded; errors become JSON before they are recorded;
+    # `Expect: 100-continue` is answered only once the key is checked.
     middlewares: list[Middleware] = [observe_middleware, error_middleware]
-    auth = api_key_middleware(settings.api_keys())
+    keys = settings.api_keys()
+    auth = api_key_middleware(keys, open_routes=[*local.routes(), *well_known.routes()])
     if auth is not None:
         middlewares.append(auth)
+    middlewares.append(expect_middleware)
+    # Request bodies are read as sent: Codec requests are decoded by us with a cap on the
+    # decoded size (core/http/body_coding.py), pass-through bodies go upstream byte for byte.
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=middlewares,
-        # Request bodies are read as sent: Codec requests are decoded by us with a cap on the
-        # decoded size (core/http/body_coding.py), pass-through bodies go upstream byte for byte.
-        handler_args={"auto_decompress": False},
+        handler_args={
+            "auto_decompress": False,
+            # aiohttp closes a connection with no request this long after it opened or after
+            # its previous response; a request head begun is timed by proxy/server/protocol.py.
+            "keepalive_timeout": settings.client_keepalive_timeout,
+        },
     )
     app[SETTINGS] = settings
+    app[FORWARD_AUTHORIZATION] = not keys or settings.forward_authorization
     app[METRICS] = metrics or Metrics()
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = Readiness()

@@ -1,23 +1,28 @@
 """Optional local API keys: `Authorization: Bearer <key>`, compared in constant time.
 
-Probes, metrics and the public Codec documents (discovery, schema) stay open: a kubelet or a
-Prometheus scraper has no key, and tokenizer maps are fetched by browsers as CORS-simple GETs,
-which cannot carry an Authorization header. The Authorization header itself is forwarded to the
-upstream unchanged, as every end-to-end header is.
+Only what the proxy answers itself stays open: probes, metrics and the public Codec documents
+(discovery, schema), every method of them (the ones they do not take get their JSON 405). A
+kubelet or a Prometheus scraper has no key, and tokenizer maps are fetched by browsers as
+CORS-simple GETs, which cannot carry an Authorization header. Whether a request is open is
+decided by the route that answers it, never by its path: a path the router does not send to a
+local handler (`/codec%2Fschema`) goes upstream, so it needs a key.
+
+With keys, the client's Authorization header is the proxy's key: it is not sent upstream unless
+`forward_authorization` says so. Without keys it passes through, as every end-to-end header does.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.core.errors import ProxyError
-from proxy.server.local import LOCAL_PATHS
 
-OPEN_PATHS = frozenset(LOCAL_PATHS)
-OPEN_PREFIXES = ("/.well-known/codec/",)
+# Whether the client's Authorization header goes upstream (proxy/server/streaming.py).
+FORWARD_AUTHORIZATION = web.AppKey("forward_authorization", bool)
 
 
 class Unauthorized(ProxyError):
@@ -26,27 +31,42 @@ class Unauthorized(ProxyError):
     status_hint = 401
     error_type = "authentication_error"
 
+    def __init__(self, message: str, *, presented: bool) -> None:
+        super().__init__(message, code="invalid_api_key")
+        # RFC 6750 §3: the Bearer challenge; §3.1: "invalid_token" when a key was presented.
+        self.www_authenticate = (
+            'Bearer realm="codec-proxy", error="invalid_token"'
+            if presented
+            else 'Bearer realm="codec-proxy"'
+        )
+
 
 def _presented_key(request: web.Request) -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def api_key_middleware(keys: frozenset[str]) -> Middleware | None:
-    """A middleware that checks keys, or None when no key is configured."""
+def api_key_middleware(
+    keys: frozenset[str], *, open_routes: Iterable[web.RouteDef]
+) -> Middleware | None:
+    """A middleware that checks keys, or None when no key is configured. `open_routes` are
+    answered without one."""
     if not keys:
         return None
     encoded = [key.encode() for key in sorted(keys)]
+    open_handlers = frozenset(route.handler for route in open_routes)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIXES):
+        if request.match_info.handler in open_handlers:
             return await handler(request)
         presented = _presented_key(request).encode()
         # Compare with every key, always: the time taken says nothing about which one is close.
         matches = [hmac.compare_digest(presented, key) for key in encoded]
-        if not presented or not any(matches):
-            raise Unauthorized("missing or invalid API key", code="invalid_api_key")
+        if not presented:
+            raise Unauthorized("missing API key", presented=False)
+        if not any(matches):
+            raise Unauthorized("invalid API key", presented=True)
         return await handler(request)
 
     return check

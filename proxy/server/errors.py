@@ -1,4 +1,8 @@
-"""Turn `ProxyError`s (and aiohttp's own HTTP errors) into OpenAI-style JSON error responses."""
+"""Turn `ProxyError`s (and aiohttp's own HTTP errors) into OpenAI-style JSON error responses.
+
+The errors aiohttp writes before any handler runs (malformed requests) are made JSON by the
+connection itself (proxy/server/protocol.py), an unknown `Expect` by proxy/server/expect.py.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +54,25 @@ def error_response(exc: ProxyError) -> web.Response:
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
+    challenge = getattr(exc, "www_authenticate", None)
+    if challenge is not None:
+        response.headers["WWW-Authenticate"] = challenge  # with every 401 (RFC 9110 §15.5.2)
+    return response
+
+
+def http_error(exc: web.HTTPException) -> web.Response:
+    """One of aiohttp's own HTTP errors (a 404 outside every route, a 413 from its body cap),
+    in the JSON shape, keeping headers such as `Allow`."""
+    code = "body_too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+    response = json_error(
+        exc.status,
+        exc.text or exc.reason,
+        error_type="invalid_request_error" if exc.status < 500 else "server_error",
+        code=code,
+    )
+    for name, value in exc.headers.items():
+        if name.lower() not in ("content-type", "content-length"):
+            response.headers.add(name, value)
     return response
 
 
@@ -62,15 +85,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         level = logging.WARNING if exc.status_hint >= 500 else logging.INFO
         log.log(level, "%s %s -> %d %s", request.method, request.path, exc.status_hint, exc.message)
         return error_response(exc)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return json_error(
-            413,
-            exc.text or "request body too large",
-            error_type="invalid_request_error",
-            code="body_too_large",
-        )
-    except (web.HTTPException, ConnectionError):
-        raise  # aiohttp's own answers, and a client that left: not ours to turn into a 500
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # a redirect or success raised as an exception is not an error
+        return http_error(exc)
+    except ConnectionError:
+        raise  # a client that left: not ours to turn into a 500
     except Exception:
         if request.get(RECORD) is not None and request[RECORD].phase == "streaming":
             raise  # the status line is gone: the connection is closed instead

@@ -41,6 +41,7 @@ from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
 from proxy.server.models import MODELS
 from proxy.server.policed_json import police_json
 from proxy.server.relay import relay
+from proxy.server.request_body import read_request_body
 from proxy.server.streaming import combined_header, request_target
 from proxy.settings import DEFAULT_MAX_PROMPT_IDS
 
@@ -68,8 +69,9 @@ async def read_body(request: web.Request) -> tuple[bytes, bytes]:
 
     The app reads bodies without aiohttp's decompression (client_max_size caps the raw bytes):
     pass-through sends the body as it was sent, Codec requests are parsed from the decoded one.
+    The body must arrive within request_timeout (408).
     """
-    raw = await request.read()
+    raw = await read_request_body(request)
     coding = combined_header(request, "Content-Encoding")
     max_bytes = request.app[SETTINGS].max_body_bytes
     # A small compressed body can decode to max_body_bytes: always off the loop.

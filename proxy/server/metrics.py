@@ -103,7 +103,7 @@ class Metrics:
         )
         self.timeouts = Counter(
             "codec_proxy_timeouts",
-            "Timeouts by kind (connect, ttft, idle, write).",
+            "Timeouts by kind (connect, ttft, idle, write, request_head, request_body).",
             ["kind"],
             registry=r,
         )

@@ -16,6 +16,7 @@ from aiohttp import web
 from proxy.core.bodies import RelayedBody
 from proxy.core.http.content_coding import coding_label
 from proxy.server.observe import RECORD
+from proxy.server.request_body import read_request_body
 from proxy.server.streaming import (
     forward_headers,
     request_target,
@@ -45,7 +46,7 @@ async def relay_response(request: web.Request, exchange: Exchange) -> web.Stream
 
 async def relay(request: web.Request, *, body: bytes | None = None) -> web.StreamResponse:
     """Send the request upstream as it is and the answer back as it is."""
-    data = body if body is not None else await request.read()
+    data = body if body is not None else await read_request_body(request)
     async with upstream_exchange(
         request,
         mode="passthrough",

@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy.core.backend.readiness import Check
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.local import READINESS
+from proxy.server.protocol import ProxyRunner
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -35,7 +36,7 @@ async def serve(
     reuse_port: bool = False,
     announce: Callable[[], None] = lambda: None,
 ) -> None:
-    runner = web.AppRunner(
+    runner = ProxyRunner(  # on the proxy's own connections (proxy/server/protocol.py)
         app,
         handle_signals=False,
         # A client that disconnects cancels its handler at once, which closes the upstream

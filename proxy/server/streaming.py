@@ -30,6 +30,7 @@ from prometheus_client import Histogram
 from proxy.core.bodies import ResponseBody
 from proxy.core.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.headers import end_to_end
+from proxy.server.auth import FORWARD_AUTHORIZATION
 from proxy.server.keys import SETTINGS
 from proxy.server.lifecycle import LIFECYCLE, is_shutdown
 from proxy.server.metrics import METRICS, Metrics
@@ -59,7 +60,10 @@ def _as_sent(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
 
 
 def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The client's end-to-end headers for the upstream request, with our request id."""
+    """The client's end-to-end headers for the upstream request, with our request id.
+
+    Not the client's Authorization when it carried the proxy's own API key (proxy/server/auth.py).
+    """
     try:
         raw = _as_sent(request.raw_headers)
     except UnicodeDecodeError as exc:
@@ -67,6 +71,8 @@ def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list
             "a request header holds bytes that are not UTF-8; they cannot be relayed unchanged",
             code="invalid_header_bytes",
         ) from exc
+    if not request.app[FORWARD_AUTHORIZATION]:
+        drop = (*drop, "authorization")
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
     return [*headers, (REQUEST_ID_HEADER, request[RECORD].id)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,9 +12,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.server import create_app
+from proxy.server.protocol import ProxyRunner
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream
+from tests.server.raw_http import Connect, connections
 
 AiohttpServer = Callable[..., Awaitable[TestServer]]
 ProxyClient = TestClient[web.Request, web.Application]
@@ -40,12 +42,19 @@ def settings(upstream_url: str, smollm2_gguf: Path) -> Settings:
     return Settings(upstream=(upstream_url,), tokenizer=smollm2_gguf, drift_check=False)
 
 
+class ProxyTestServer(TestServer):
+    """The app served as `codec-proxy serve` serves it: on the proxy's own connections."""
+
+    async def _make_runner(self, **kwargs: Any) -> ProxyRunner:
+        return ProxyRunner(self.app, **kwargs)
+
+
 @pytest.fixture
 async def proxy(
     settings: Settings, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
     """A client talking to the proxy, which talks to the fake upstream."""
-    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
 
 
 @pytest.fixture
@@ -55,7 +64,8 @@ def make_proxy(
     """A proxy with some settings changed."""
 
     async def make(**changes: Any) -> ProxyClient:
-        return await aiohttp_client(create_app(replace(settings, **changes), smollm2_vocabulary))
+        app = create_app(replace(settings, **changes), smollm2_vocabulary)
+        return await aiohttp_client(ProxyTestServer(app))
 
     return make
 
@@ -65,3 +75,10 @@ def app_of(client: ProxyClient) -> web.Application:
     app = client.app
     assert app is not None
     return app
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Connect]:
+    """Raw HTTP/1.1 connections to a proxy (tests/server/raw_http.py), closed after the test."""
+    async with connections() as connect:
+        yield connect
