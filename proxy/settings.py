@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from proxy.core.backend.balancer import DEFAULT_MAX_EJECTION_PERCENT, DEFAULT_PANIC_THRESHOLD
+from proxy.core.backend.kind import BackendSetting
 from proxy.core.http.upgrade import VersionPolicyMode
 from proxy.core.stream.token_source import TokenIdMode
 
@@ -184,6 +185,13 @@ class Settings:
     token_ids: TokenIdMode = option(
         "auto",
         help="where frame IDs come from: auto (backend's when it sends them), backend, retokenize",
+    )
+    # Each server reports sampled IDs in its own field; asking for another's is work and
+    # upstream bytes for nothing (proxy/core/backend/kind.py, docs/ENDPOINTS.md "Token IDs").
+    backend: BackendSetting = option(
+        "auto",
+        help="the server behind the upstream, which decides the field that asks it for token IDs: "
+        "auto (from its /v1/models; every backend's field until known), vllm, llamacpp, sglang",
     )
 
     # --- version negotiation and the safety policy (docs/VERSIONING_AND_SAFETY.md) ---

@@ -117,6 +117,8 @@ class FakeUpstream:
     # `max_model_len`, llama.cpp's `meta`).
     models: list[str] = field(default_factory=lambda: ["smollm2"])
     model_fields: dict[str, Any] = field(default_factory=dict)
+    # The `Server` header of that answer (None: aiohttp's own).
+    models_server: str | None = None
     # A JSON body with any of these top-level fields gets a 400, as a server that does not
     # know them might answer (llama.cpp: logprobs with tools in a stream).
     refuse_fields: tuple[str, ...] = ()
@@ -152,7 +154,8 @@ class FakeUpstream:
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":
             data = [{"id": name, "object": "model", **self.model_fields} for name in self.models]
-            return web.json_response({"object": "list", "data": data})
+            server = {} if self.models_server is None else {"Server": self.models_server}
+            return web.json_response({"object": "list", "data": data}, headers=server)
         if self.refuse_fields and body.startswith(b"{"):
             refused = sorted(set(json.loads(body)) & set(self.refuse_fields))
             if refused:

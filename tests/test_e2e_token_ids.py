@@ -5,7 +5,8 @@ non-streamed, `return_tokens: true`, temperature 0, `cache_prompt: false`, same 
 (environment.md "Ground-truth IDs"). On 20 chat-formatted prompts whose answers end with the
 end-of-turn token, retokenizing the streamed text cannot give the model's IDs back (that token
 is sampled but never rendered); the proxy's backend mode must. The figures are written to
-`.cache/reports/e2e-token-ids.json`.
+`.cache/reports/e2e-token-ids.json`. The proxy learns from the server's `/v1/models` (taken by
+the drift check at start) that it is llama.cpp, and asks only for llama.cpp's field.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import msgpack
 import pytest
 
 from proxy import assets
+from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire import codec_pb2
 from proxy.server import create_app
+from proxy.server.models import MODELS
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
-from tests.server.conftest import AiohttpClient, ProxyClient
+from tests.server.conftest import AiohttpClient, ProxyClient, app_of
 from tests.server.support import frames_of, ids_of
 
 pytestmark = pytest.mark.backend
@@ -54,6 +57,7 @@ QUESTIONS = [
 ]
 MAX_TOKENS = 48
 EOS = 2
+ASKED = ("return_token_ids", "logprobs", "top_logprobs", "n_probs")
 
 
 def chat_prompt(question: str) -> str:
@@ -99,6 +103,22 @@ async def codec(
 
 
 @pytest.fixture
+def sent_fields(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The ID and probability fields of every Codec request body sent upstream."""
+    sent: list[dict[str, Any]] = []
+    real = UpstreamRequest.body
+
+    def body(self: UpstreamRequest, **kwargs: Any) -> bytes:
+        raw = real(self, **kwargs)
+        fields = json.loads(raw)
+        sent.append({name: fields[name] for name in ASKED if name in fields})
+        return raw
+
+    monkeypatch.setattr(UpstreamRequest, "body", body)
+    return sent
+
+
+@pytest.fixture
 async def make_real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> Any:
@@ -114,9 +134,14 @@ async def make_real_proxy(
 
 
 async def test_backend_ids_match_the_model_where_retokenizing_cannot(
-    make_real_proxy: Any, llama_server: str, smollm2_vocabulary: Vocabulary
+    make_real_proxy: Any,
+    llama_server: str,
+    smollm2_vocabulary: Vocabulary,
+    sent_fields: list[dict[str, Any]],
 ) -> None:
     backend = await make_real_proxy("backend")
+    # The drift check at start read /v1/models: only llama.cpp's field is asked for.
+    assert app_of(backend)[MODELS].backend_kind() == "llamacpp"
     retokenize = await make_real_proxy("retokenize")
     tokenizer_map = codecai_map(smollm2_vocabulary.loaded)
     report: dict[str, list[dict[str, Any]]] = {"eos_prompts": []}
@@ -128,6 +153,7 @@ async def test_backend_ids_match_the_model_where_retokenizing_cannot(
         source, ours, raw = await codec(backend, "/v1/completions", fmt, json=body)
         _, retokenized, _ = await codec(retokenize, "/v1/completions", fmt, json=body)
         assert source == "backend"
+        assert sent_fields[-2:] == [{"logprobs": 1}, {}]  # the backend proxy's, retokenize's
         assert ours == truth, question
         assert truth[-1] == EOS
         assert retokenized != truth, question
@@ -192,7 +218,10 @@ async def test_path_b_on_the_real_server(
 
 
 async def test_chat_on_the_real_server(
-    make_real_proxy: Any, llama_server: str, smollm2_vocabulary: Vocabulary
+    make_real_proxy: Any,
+    llama_server: str,
+    smollm2_vocabulary: Vocabulary,
+    sent_fields: list[dict[str, Any]],
 ) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     body = sampling(messages=messages, max_tokens=32)
@@ -203,6 +232,8 @@ async def test_chat_on_the_real_server(
             proxy, "/v1/chat/completions", fmt, json={**body, "stream_format": fmt}
         )
         assert source == ("backend" if mode == "auto" else "retokenized")
+        # One alternative per token, not llama.cpp's default 20 (docs/BENCHMARKS.md).
+        assert sent_fields[-1] == ({"logprobs": True, "top_logprobs": 1} if mode == "auto" else {})
         rendered = render(codecai_map(smollm2_vocabulary.loaded), await codecai_frames(raw, fmt))
         assert rendered == text
         assert smollm2_vocabulary.loaded.tokenizer.decode(ours) == text

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from proxy.core.backend.kind import backend_kind
 from proxy.core.bodies import CodecBody
 from proxy.core.compression.body_writer import BodyWriter, flush_config_for
 from proxy.core.compression.compressors import new_compressor
@@ -194,9 +195,12 @@ async def _open_upstream(
     """The upstream exchange, and whether its request asked for token IDs."""
     headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
     ask = plan.token_ids != "retokenize"
+    # Asked in the field of the server behind the upstream, once `--backend` or its /v1/models
+    # says which (core/backend/kind.py); until then in every backend's.
+    backend = backend_kind(request.app[SETTINGS].backend, request.app[MODELS].backend_kind())
 
     def exchange(ask_for_ids: bool) -> contextlib.AbstractAsyncContextManager[Exchange]:
-        body = plan.upstream.body(model=model, ask_for_ids=ask_for_ids)
+        body = plan.upstream.body(model=model, ask_for_ids=ask_for_ids, backend=backend)
         return upstream_exchange(
             request,
             mode="codec",
@@ -206,9 +210,11 @@ async def _open_upstream(
             body=body,
         )
 
+    # Nothing to leave out again when the backend has no field for this request.
+    retry = ask and plan.token_ids == "auto" and bool(plan.upstream.id_fields(backend))
     async with exchange(ask) as first:
         status = first.response.status
-        if not (ask and plan.token_ids == "auto" and status in _REFUSED):
+        if not (retry and status in _REFUSED):
             yield first, ask
             return
         detail = await first.response.content.read(_ERROR_BODY_LIMIT)

@@ -1,18 +1,21 @@
 """The upstream's `GET /v1/models`: one fetch path for every use of it.
 
 Path B names its model from it when `--model` is not set (`CodecRequest` has no model field,
-codec-spec.md §3.3), the drift check reads the backend's vocabulary size from it, and token-ID
-prompts are bounded by the context length it gives. The parsing is `proxy.core.backend.models`;
-this module does the request and remembers the answer.
+codec-spec.md §3.3), the drift check reads the backend's vocabulary size from it, token-ID
+prompts are bounded by the context length it gives, and `--backend auto` learns from it which
+server the upstream is. The parsing is `proxy.core.backend.models` and `.kind`; this module does
+the request and remembers the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 from aiohttp import web
 
+from proxy.core.backend.kind import BackendKind, detect_kind
 from proxy.core.backend.models import (
     MODELS_PATH,
     ModelEntry,
@@ -22,6 +25,8 @@ from proxy.core.backend.models import (
 )
 from proxy.core.errors import UpstreamUnavailable
 from proxy.server.upstream import UpstreamPool
+
+log = logging.getLogger("codec_proxy")
 
 _HEADERS = (("Accept", "application/json"), ("Accept-Encoding", "identity"))
 _BODY_LIMIT = 1 << 20
@@ -35,6 +40,7 @@ class UpstreamModels:
         self._pool = pool
         self._configured = configured
         self._listing: tuple[ModelEntry, ...] | None = None
+        self._backend: BackendKind | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -67,6 +73,11 @@ class UpstreamModels:
         entry = None if self._listing is None else find_model(self._listing, self._configured)
         return None if entry is None else entry.context_length
 
+    def backend_kind(self) -> BackendKind | None:
+        """The server the last listing showed (proxy/core/backend/kind.py); None before any
+        listing, or when it did not say. Never looks it up, like `context_length`."""
+        return self._backend
+
     async def _fetch(self) -> tuple[ModelEntry, ...]:
         try:
             async with asyncio.timeout(_REQUEST_SECONDS):
@@ -74,9 +85,19 @@ class UpstreamModels:
                     "GET", MODELS_PATH, headers=_HEADERS, data=None
                 ) as response:
                     status, body = response.status, await response.content.read(_BODY_LIMIT)
+                    server = response.headers.get("Server")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamUnavailable(f"GET {MODELS_PATH} failed: {exc!r}") from exc
-        return parse_models(status, body)
+        listing = parse_models(status, body)
+        backend = detect_kind((entry.backend for entry in listing), server)
+        if backend != self._backend:
+            log.info(
+                "GET %s shows the upstream is %s",
+                MODELS_PATH,
+                backend or "no server the proxy knows (vllm, llamacpp, sglang)",
+            )
+            self._backend = backend
+        return listing
 
 
 MODELS = web.AppKey("models", UpstreamModels)

@@ -1,7 +1,8 @@
 """The core's folders are the pipeline's stages, and imports only run down them.
 
     errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
-                          backend (errors only)
+       ↖           ↙
+          backend      (http: the upstream body asks each kind of backend in its own field)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
 imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
@@ -23,7 +24,7 @@ ROOT = PACKAGE_DIR.parent
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "wire": frozenset({"errors"}),
-    "http": frozenset({"errors", "wire"}),
+    "http": frozenset({"errors", "wire", "backend"}),
     "stream": frozenset({"errors", "wire"}),
     "maps": frozenset({"errors", "wire", "http", "stream"}),
     "compression": frozenset({"errors", "wire", "http", "maps"}),

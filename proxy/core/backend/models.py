@@ -5,7 +5,8 @@ proxy uses:
 
 * llama.cpp: `data[].meta` with `n_vocab` (the vocabulary size, checked by the drift check)
   and `n_ctx` (the context the server was started with);
-* vLLM: `data[].max_model_len` (the context length) and `root` (the model path).
+* vLLM (and SGLang): `data[].max_model_len` (the context length) and `root` (the model path);
+* all three: `data[].owned_by`, which names the server (`proxy.core.backend.kind`).
 
 Path B's `CodecRequest` names no model, so without `--model` the upstream's only model is used.
 """
@@ -17,6 +18,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.core.backend.kind import BackendKind, entry_kind
 from proxy.core.errors import UpstreamProtocolError, UpstreamUnavailable
 
 MODELS_PATH: Final = "/v1/models"
@@ -29,6 +31,8 @@ class ModelEntry:
     id: str
     vocab_size: int | None = None
     context_length: int | None = None
+    # The server the entry names (`owned_by`, llama.cpp's `meta`), for `--backend auto`.
+    backend: BackendKind | None = None
 
 
 def parse_models(status: int, body: bytes) -> tuple[ModelEntry, ...]:
@@ -73,7 +77,8 @@ def _entry(item: dict[str, Any]) -> ModelEntry:
     meta = item.get("meta")
     meta = meta if isinstance(meta, dict) else {}
     context = _count(item.get("max_model_len")) or _count(meta.get("n_ctx"))
-    return ModelEntry(item["id"], _count(meta.get("n_vocab")), context)
+    backend = entry_kind(item.get("owned_by"), item.get("meta"))
+    return ModelEntry(item["id"], _count(meta.get("n_vocab")), context, backend)
 
 
 def _is_str(value: object) -> bool:

@@ -9,19 +9,21 @@ from proxy.core.errors import UpstreamProtocolError, UpstreamUnavailable
 from tests.core.conftest import read_capture
 
 VLLM_MODELS = (
-    b'{"object":"list","data":[{"id":"smollm2","object":"model","root":"hf/smollm2",'
-    b'"max_model_len":2048}]}'
+    b'{"object":"list","data":[{"id":"smollm2","object":"model","owned_by":"vllm",'
+    b'"root":"hf/smollm2","max_model_len":2048}]}'
 )
 
 
 def test_the_captured_llamacpp_answer() -> None:
     models = parse_models(200, read_capture("llamacpp-models.txt").body)
-    assert models == (ModelEntry("models/SmolLM2-135M-Instruct.Q4_1.gguf", 49152, 2048),)
+    assert models == (
+        ModelEntry("models/SmolLM2-135M-Instruct.Q4_1.gguf", 49152, 2048, backend="llamacpp"),
+    )
     assert only_model(models) == "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_vllm_reports_its_context_but_not_its_vocabulary() -> None:
-    assert parse_models(200, VLLM_MODELS) == (ModelEntry("smollm2", None, 2048),)
+    assert parse_models(200, VLLM_MODELS) == (ModelEntry("smollm2", None, 2048, backend="vllm"),)
 
 
 def test_find_by_name_or_the_only_one() -> None:
@@ -40,7 +42,8 @@ def test_find_by_name_or_the_only_one() -> None:
     ],
 )
 def test_odd_counts_are_not_reported(item: bytes) -> None:
-    assert parse_models(200, b'{"data": [' + item + b"]}") == (ModelEntry("m"),)
+    (entry,) = parse_models(200, b'{"data": [' + item + b"]}")
+    assert (entry.id, entry.vocab_size, entry.context_length) == ("m", None, None)
 
 
 def test_entries_without_an_id_are_skipped() -> None:

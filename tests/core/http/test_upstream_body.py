@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy.core.errors import BadRequest
-from proxy.core.http.upstream_body import UpstreamRequest
+from proxy.core.http.upstream_body import Endpoint, UpstreamRequest
 
 
 def body(request: UpstreamRequest, **kwargs: object) -> dict[str, object]:
@@ -26,22 +26,58 @@ def test_fields_go_up_streamed_with_the_default_model_only_when_none_was_named()
     assert body(named, model="m", ask_for_ids=False)["model"] == "mine"
 
 
-def test_completions_ask_for_ids_both_ways() -> None:
-    sent = body(UpstreamRequest("completions", {"prompt": "Hi"}), model=None, ask_for_ids=True)
-    assert sent["return_token_ids"] is True
-    assert sent["logprobs"] == 1
+ID_FIELDS = ("return_token_ids", "logprobs", "top_logprobs", "n_probs")
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+VLLM = {"return_token_ids": True}
+COMPLETIONS_LLAMACPP = {"logprobs": 1}
+CHAT_LLAMACPP = {"logprobs": True, "top_logprobs": 1}
 
 
-def test_chat_asks_for_logprobs_without_top_logprobs_unless_tools_are_on() -> None:
-    fields = {"messages": [], "top_logprobs": 0}
-    sent = body(UpstreamRequest("chat", fields), model=None, ask_for_ids=True)
-    assert sent["logprobs"] is True
-    assert "top_logprobs" not in sent
-    tools = body(
-        UpstreamRequest("chat", {"messages": [], "tools": [{}]}), model=None, ask_for_ids=True
-    )
-    assert "logprobs" not in tools
-    assert tools["return_token_ids"] is True
+def asked(endpoint: Endpoint, fields: dict[str, object], backend: str | None) -> dict[str, object]:
+    """The ID and probability fields of the body sent when asking `backend` for IDs."""
+    sent = body(UpstreamRequest(endpoint, fields), model=None, ask_for_ids=True, backend=backend)
+    return {name: sent[name] for name in ID_FIELDS if name in sent}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "backend", "expected"),
+    [
+        ("completions", {"prompt": "Hi"}, "vllm", VLLM),
+        ("completions", {"prompt": "Hi"}, "sglang", VLLM),
+        ("completions", {"prompt": "Hi"}, "llamacpp", COMPLETIONS_LLAMACPP),
+        ("completions", {"prompt": "Hi"}, None, {**VLLM, **COMPLETIONS_LLAMACPP}),
+        ("chat", {"messages": []}, "vllm", VLLM),
+        ("chat", {"messages": []}, "sglang", VLLM),
+        ("chat", {"messages": []}, "llamacpp", CHAT_LLAMACPP),
+        ("chat", {"messages": []}, None, {**VLLM, **CHAT_LLAMACPP}),
+        # llama.cpp refuses logprobs with tools in a stream: it has no field for them then.
+        ("chat", {"messages": [], "tools": TOOLS}, "vllm", VLLM),
+        ("chat", {"messages": [], "tools": TOOLS}, "llamacpp", {}),
+        ("chat", {"messages": [], "tools": TOOLS}, None, VLLM),
+    ],
+)
+def test_each_backend_is_asked_in_its_own_field_only(
+    endpoint: Endpoint, fields: dict[str, object], backend: str | None, expected: dict[str, object]
+) -> None:
+    assert asked(endpoint, fields, backend) == expected
+    request = UpstreamRequest(endpoint, fields)
+    assert request.id_fields(backend) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["vllm", "llamacpp", "sglang", None])
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_clients_probability_fields_are_never_sent_with_ours(
+    endpoint: Endpoint, backend: str | None
+) -> None:
+    # A Codec stream carries no probabilities; llama.cpp's n_probs would even override our
+    # logprobs count on completions (5 alternatives per token instead of 1).
+    fields = {"prompt": "Hi", "messages": [], "logprobs": 5, "top_logprobs": 7, "n_probs": 5}
+    sent = asked(endpoint, fields, backend)
+    request = UpstreamRequest(endpoint, fields)
+    assert sent == request.id_fields(backend)  # type: ignore[arg-type]
+    # Not asking for IDs (retokenize, or auto's second try), the client's fields go as sent.
+    plain = body(request, model=None, ask_for_ids=False, backend=backend)
+    assert (plain["logprobs"], plain["top_logprobs"], plain["n_probs"]) == (5, 7, 5)
 
 
 def test_non_ascii_text_goes_up_as_utf8() -> None:
