@@ -201,6 +201,10 @@ class ClientWriter:
         self._record.completed = True
 
 
+# How much of a first read is fed at a time until the first frame exists: a few events.
+_FIRST_READ_SLICE = 4096
+
+
 @dataclass(slots=True)
 class _Cost:
     seconds: float = 0.0
@@ -222,7 +226,7 @@ async def stream_response(
     app = request.app
     record = request[RECORD]
     loop = asyncio.get_running_loop()
-    head = b""
+    head = rest = b""
     ended = False
     while not body.ready:
         try:
@@ -235,7 +239,13 @@ async def stream_response(
         if chunk is None:
             head += body.on_deadline(now)
         elif chunk:
-            head += body.feed(chunk, now)
+            # A large first read (a fast upstream, a long prompt echo) is fed a slice at a
+            # time until the body is ready, so the first frame goes out as soon as it is made;
+            # the rest is fed once it is on its way.
+            while chunk and not body.ready:
+                head += body.feed(chunk[:_FIRST_READ_SLICE], now)
+                chunk = chunk[_FIRST_READ_SLICE:]
+            rest = chunk
         else:
             head += body.flush(now)
             ended = True
@@ -254,7 +264,7 @@ async def stream_response(
     # histogram per chunk cost more than most of what it measured.
     cost = _Cost()
     try:
-        await _pump(request, exchange, body, writer, head, ended, cost)
+        await _pump(request, exchange, body, writer, head, rest, ended, cost)
     finally:
         writer.account()
         if overhead is not None and cost.chunks:
@@ -268,10 +278,12 @@ async def _pump(
     body: ResponseBody,
     writer: ClientWriter,
     head: bytes,
+    rest: bytes,
     ended: bool,
     cost: _Cost,
 ) -> None:
-    """Write `head`, then read, transform and write until the body is done."""
+    """Write `head`, feed `rest` (what the first read held beyond it), then read, transform
+    and write until the body is done."""
     app = request.app
     record = request[RECORD]
     loop = asyncio.get_running_loop()
@@ -281,7 +293,11 @@ async def _pump(
             # Only the upstream side is guarded: a failed write means the client left, and
             # that must propagate so the upstream request is closed and the backend stops.
             try:
-                chunk = await exchange.read(body.deadline())
+                chunk: bytes | None
+                if rest:
+                    chunk, rest = rest, b""
+                else:
+                    chunk = await exchange.read(body.deadline())
                 now = loop.time()
                 if chunk is None:
                     data = body.on_deadline(now)

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from proxy.core.bodies import CodecBody
 from proxy.core.wire.decoder import FrameDecoder
+from proxy.server.streaming import ClientWriter
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import FakeUpstream, Script, load_capture
@@ -268,3 +270,39 @@ async def test_client_disconnect_closes_the_upstream_request(
             break
         await asyncio.sleep(0.05)
     assert upstream.outcomes == ["aborted"]
+
+
+async def test_the_first_frame_is_written_before_the_rest_of_a_large_first_read_is_fed(
+    proxy: ProxyClient, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long stream in one upstream write (a fast upstream): the first frame must not wait
+    # for the rest of that read to be transcoded.
+    capture = load_capture("llamacpp-completions-sample.txt")
+    event = b'data: {"choices": [{"text": " x", "index": 0}]}\n\n'
+    last = b'data: {"choices": [{"text": "", "index": 0, "finish_reason": "length"}]}\n\n'
+    long_body = event * 4000 + last + b"data: [DONE]\n\n"
+    upstream.script = Script(
+        capture.__class__(200, "OK", capture.headers, long_body), chunk_size=len(long_body)
+    )
+    steps: list[tuple[str, int]] = []
+    feed, write = CodecBody.feed, ClientWriter.write
+
+    def spy_feed(self: CodecBody, chunk: bytes, now: float) -> bytes:
+        steps.append(("feed", len(chunk)))
+        return feed(self, chunk, now)
+
+    async def spy_write(self: ClientWriter, data: bytes) -> None:
+        steps.append(("write", len(data)))
+        await write(self, data)
+
+    monkeypatch.setattr(CodecBody, "feed", spy_feed)
+    monkeypatch.setattr(ClientWriter, "write", spy_write)
+    status, _, raw = await post(proxy, body())
+    assert status == 200
+    frames = FrameDecoder("msgpack").feed(raw)
+    assert frames[-1].finish_reason == "length"
+    assert sum(len(f.ids) for f in frames) == 4000  # " x" is one token
+    # The first write came after no more than a few KiB of the stream were fed.
+    assert steps[0][0] == "feed"
+    assert steps[1][0] == "write"
+    assert steps[0][1] <= 4096
