@@ -1,4 +1,4 @@
-"""Compression benchmark: bytes/token against the delay a flush policy adds (issue 3).
+"""Compression benchmark: bytes/token against the delay a flush policy adds.
 
     python bench/compression.py            # full matrix, writes bench/results/compression.json
     python bench/compression.py --quick    # shorter streams, fewer of them (a smoke run)
@@ -378,7 +378,7 @@ def run_simulations(
 
 
 class SyncFlushGzip(GzipCompressor):
-    """gzip as issue 3 first wrote it: an aligned empty stored block (00 00 ff ff) per flush."""
+    """gzip as first written here: an aligned empty stored block (00 00 ff ff) per flush."""
 
     def flush(self) -> bytes:
         return self._zlib.flush(zlib.Z_SYNC_FLUSH)

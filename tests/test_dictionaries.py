@@ -47,7 +47,7 @@ def test_shipped_manifest_lists_one_verified_dictionary_per_format(
         assert sha256_hex(data) == entry.sha256
         assert len(data) == entry.size_bytes
         assert entry.extra["vocabulary_sha256"] == vocab  # trained for the bundled model
-        # What issue 3 asks the manifest to say, and a corpus that may be redistributed.
+        # What the manifest must say of its corpus: its origin, and that it may be redistributed.
         assert raw["trained_at"]
         assert raw["holdout"]["gain_vs_zstd_no_dict"] > 0
         assert "codec-proxy dict train" in raw["command"]
