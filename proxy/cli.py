@@ -137,7 +137,7 @@ def run_worker(settings: Settings, index: int, banner: str = "") -> None:
     if settings.workers > 1:  # every worker is spawned, 0 too: logging starts unconfigured
         logs.configure(settings.log_format, settings.log_level)
     try:
-        tokenizer = load_tokenizer(settings.tokenizer)
+        tokenizer = load_tokenizer(settings.model_list()[0].tokenizer)
         app = create_app(settings, tokenizer)
     except (TokenizerLoadError, TokenizerMapError, ConfigError, DictionaryError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
@@ -150,7 +150,7 @@ def run_worker(settings: Settings, index: int, banner: str = "") -> None:
             return
         print(
             f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
-            f"-> {', '.join(settings.upstream)} (tokenizer {settings.tokenizer.name}, "
+            f"-> {', '.join(settings.upstream)} (tokenizer {settings.model_list()[0].tokenizer.name}, "
             f"vocab {tokenizer.vocab_size}, map {published.header_value})",
             flush=True,
         )
@@ -171,9 +171,12 @@ def check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"codec-proxy: {exc.message}", file=sys.stderr)
         return 2
-    if not settings.tokenizer.exists():
-        print(f"codec-proxy: 'tokenizer' {settings.tokenizer} does not exist", file=sys.stderr)
-        return 2
+    for model in settings.model_list():
+        if not model.tokenizer.exists():
+            where = "" if not settings.models else f"model {model.name!r}: "
+            print(f"codec-proxy: {where}'tokenizer' {model.tokenizer} does not exist",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     print(config.describe(settings))
     print(f"ok: {args.file}")
     return 0

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from proxy.core.errors import ConfigError
-from proxy.settings import Option, Settings
+from proxy.settings import ModelSettings, Option, Settings
 
 ENV_PREFIX = "CODEC_PROXY_"
 # Variables with our prefix that are not settings (proxy/assets.py's download cache).
@@ -48,8 +48,8 @@ class _Field:
         return ENV_PREFIX + self.name.upper()
 
 
-def _fields() -> list[_Field]:
-    hints = typing.get_type_hints(Settings)
+def _fields(cls: type = Settings) -> list[_Field]:
+    hints = typing.get_type_hints(cls)
     return [
         _Field(
             field.name,
@@ -57,7 +57,8 @@ def _fields() -> list[_Field]:
             field.metadata.get("option", Option()),
             field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING,
         )
-        for field in dataclasses.fields(Settings)
+        for field in dataclasses.fields(cls)
+        if "option" in field.metadata or cls is Settings
     ]
 
 
@@ -86,6 +87,8 @@ def _describe(kind: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(kind))
     if origin is tuple:
         return f"a list of {_describe(typing.get_args(kind)[0])}"
+    if kind is ModelSettings:
+        return "a table"
     if origin is dict:
         return "a table of name = value"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
@@ -109,6 +112,8 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
         return value
     if origin is tuple:
         item = typing.get_args(kind)[0]
+        if item is ModelSettings:
+            return _models(value, from_text=from_text)
         if from_text:
             items = [part.strip() for part in value.split(",") if part.strip()]
         elif isinstance(value, str):
@@ -162,6 +167,42 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
             return Path(value) if kind is Path else value
         raise ValueError(f"must be a non-empty string, got {value!r}")
     raise ValueError(f"has an unsupported type {kind!r}")  # a programming error in Settings
+
+
+def _models(value: Any, *, from_text: bool) -> tuple[ModelSettings, ...]:
+    """The `models` list: a table per model, each key checked like a top-level one."""
+    if from_text:
+        raise ValueError("can only be set in a config file (a list of tables)")
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"must be a list of tables, got {value!r}")
+    known = {f.name: f for f in _fields(ModelSettings)}
+    entries = []
+    for index, table in enumerate(value):
+        if isinstance(table, ModelSettings):
+            entries.append(table)
+            continue
+        if not isinstance(table, dict):
+            raise ValueError(f"entry {index} must be a table, got {table!r}")
+        where = f"entry {index}" + (f" ({table['name']!r})" if isinstance(table.get("name"), str)
+                                    else "")  # fmt: skip
+        values: dict[str, Any] = {}
+        for name, raw in table.items():
+            field = known.get(str(name))
+            if field is None:
+                raise ValueError(f"{where}: unknown key {name!r}")
+            try:
+                values[field.name] = _convert(field.kind, raw, from_text=False)
+                _check_bounds(field, values[field.name])
+            except ValueError as exc:
+                raise ValueError(f"{where}: {field.name!r} {exc}") from exc
+        missing = [f.name for f in known.values() if f.required and f.name not in values]
+        if missing:
+            raise ValueError(f"{where}: {missing[0]!r} is required")
+        try:
+            entries.append(ModelSettings(**values))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+    return tuple(entries)
 
 
 def _check_bounds(field: _Field, value: Any) -> None:
@@ -239,13 +280,14 @@ def load(
     for name, raw in (flags or {}).items():
         if raw is not None:
             put("command line", name, raw, from_text=False)
-    if require:
-        missing = [known[n] for n in known if known[n].required and n not in values]
+    if require and not values.get("models"):
+        # One model by flags or keys, or several in the file's `models` list.
+        missing = [known[n] for n in ("upstream", "tokenizer") if not values.get(n)]
         if missing:
             field = missing[0]
             raise ConfigError(
                 f"{field.name!r} is required: pass {field.flag}, set {field.env}, "
-                f"or put {field.name!r} in the config file"
+                f"or put {field.name!r} (or a 'models' list) in the config file"
             )
     try:
         return Settings(**values)
@@ -340,13 +382,44 @@ def example_toml() -> str:
     defaults = Settings(**_REQUIRED_EXAMPLES)  # type: ignore[arg-type]
     lines = [EXAMPLE_HEADER]
     for field in _fields():
+        if field.name == "models":
+            continue  # tables come last in TOML: shown below
         value = getattr(defaults, field.name)
         lines.append(f"# {field.option.help}" + (" (required)" if field.required else ""))
         example = field.option.example
         prefix = "# " if value is None or example is not None else ""
         shown = example or ("..." if value is None else _toml_value(value))
         lines.append(f"{prefix}{field.name} = {shown}\n")
+    lines.append(_MODELS_EXAMPLE_HEADER)
+    for field in _fields(ModelSettings):
+        required = " (required)" if field.required else ""
+        lines.append(f"#   {field.name}: {field.option.help}{required}")
+    lines.append(_MODELS_EXAMPLE)
     return "\n".join(lines)
+
+
+_MODELS_EXAMPLE_HEADER = """
+# Several models behind one proxy (docs/DEPLOY.md "Several models"): leave out upstream,
+# tokenizer, model, map_id and zstd_dicts above, and list each model instead. Requests are
+# routed by their `model` (Path B: the Codec-Model header), unknown names get 404
+# model_not_found, and those that name none go to default_model. Keys of an entry:"""
+
+_MODELS_EXAMPLE = """
+# default_model = "llama-3.1-8b"
+#
+# [[models]]
+# name = "llama-3.1-8b"
+# aliases = ["llama3"]
+# upstreams = ["http://vllm-llama:8000"]
+# tokenizer = "/models/llama-3.1-8b/"
+# required = true
+#
+# [[models]]
+# name = "qwen3-8b"
+# upstreams = ["http://vllm-qwen-a:8000", "http://vllm-qwen-b:8000"]
+# tokenizer = "/models/qwen3-8b/tokenizer.json"
+# token_ids = "backend"
+"""
 
 
 def describe(settings: Settings) -> str:

@@ -21,6 +21,8 @@ MiB = 1 << 20
 # The longest token-ID prompt when neither `max_prompt_ids` nor the backend's /v1/models says:
 # 128 Ki, the context of today's long-context open models (Llama 3.1, Qwen2.5 with YaRN).
 DEFAULT_MAX_PROMPT_IDS = 131072
+# What the reference engines put in their 426 bodies (interop.md §2.4).
+DEFAULT_DOCS_URL = "https://codecai.net/docs/version-negotiation/"
 # The trained dictionaries shipped with the proxy (dictionaries/manifest.json).
 DEFAULT_DICTIONARIES_MANIFEST = (
     Path(__file__).resolve().parent.parent / "dictionaries" / "manifest.json"
@@ -48,19 +50,122 @@ def option(default: Any = dataclasses.MISSING, help: str = "", **checks: Any) ->
     return dataclasses.field(default=default, metadata={"option": Option(help, **checks)})
 
 
+# The name a model goes by when it is configured with `upstream`/`tokenizer` and no `model`:
+# in metrics and logs only, since such a model serves any name a request gives.
+UNNAMED_MODEL = "default"
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One model behind the proxy: its upstreams, its tokenizer, and what it overrides.
+
+    An entry of the config file's `models` list; the keys left unset (None) take the
+    top-level setting of the same name. `upstream`/`tokenizer`/`model` mean a list of one.
+    """
+
+    name: str = option(help="the model's name as clients send it in `model`")
+    upstreams: tuple[str, ...] = option(
+        help="its backend base URLs (balanced, health-checked, retried as `upstream`)", url=True
+    )
+    tokenizer: Path = option(
+        help="its tokenizer: a GGUF file, a tokenizer.json, a directory or a map"
+    )
+    aliases: tuple[str, ...] = option((), help="other names clients may use for it")
+    # vLLM serves the names given by --served-model-name and 404s others; an alias the
+    # backend does not know must be renamed on its way up.
+    upstream_model: str | None = option(
+        None, help="the name sent upstream in place of the client's (default: as sent)"
+    )
+    map_id: str | None = option(None, help="id of its published tokenizer map")
+    zstd_dicts: tuple[str, ...] = option(
+        (), help="its zstd dictionaries, FORMAT=PATH (msgpack or protobuf)"
+    )
+    codec_enabled: bool = option(True, help="serve Codec for this model (JSON always passes)")
+    # The process is ready when every required model is; default: the default model only, so
+    # one model's backend being down never takes the others out of a Service.
+    required: bool | None = option(
+        None, help="/readyz waits for this model (default: only the default model)"
+    )
+    token_ids: TokenIdMode | None = option(None, help="overrides `token_ids`")
+    backend: BackendSetting | None = option(None, help="overrides `backend`")
+    drift_check: bool | None = option(None, help="overrides `drift_check`")
+    drift_check_interval: float | None = option(
+        None, help="overrides `drift_check_interval`", minimum=1
+    )
+    max_prompt_ids: int | None = option(None, help="overrides `max_prompt_ids`", minimum=1)
+    flush_interval_ms: float | None = option(None, help="overrides `flush_interval_ms`", minimum=0)
+    flush_frames: int | None = option(None, help="overrides `flush_frames`", minimum=0)
+
+    def __post_init__(self) -> None:
+        tokenizer: object = self.tokenizer
+        if isinstance(tokenizer, str):
+            object.__setattr__(self, "tokenizer", Path(tokenizer))
+        upstreams: object = self.upstreams
+        if isinstance(upstreams, str):
+            object.__setattr__(self, "upstreams", (upstreams,))
+        if not self.upstreams:
+            raise ValueError(f"model {self.name!r}: 'upstreams' needs at least one URL")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name this model answers to, its own first."""
+        return (self.name, *self.aliases)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model as served: its entry with every inherited key resolved (`Settings.model_list`)."""
+
+    name: str
+    names: tuple[str, ...]
+    upstreams: tuple[str, ...]
+    tokenizer: Path
+    upstream_model: str | None
+    map_id: str | None
+    zstd_dicts: tuple[str, ...]
+    codec_enabled: bool
+    required: bool
+    token_ids: TokenIdMode
+    backend: BackendSetting
+    drift_check: bool
+    drift_check_interval: float
+    max_prompt_ids: int | None
+    flush_interval_ms: float
+    flush_frames: int
+    # `upstream`/`tokenizer` without `model`: any name a request gives is this model, as before
+    # there were several.
+    any_name: bool = False
+    is_default: bool = False
+
+
 @dataclass(frozen=True)
 class Settings:
     # --- where ---
+    # One model: `upstream` + `tokenizer` (+ `model`). Several: the `models` list instead.
     upstream: tuple[str, ...] = option(
+        (),
         help="backend base URL; repeat for several (least-outstanding-requests balancing)",
         url=True,
     )
-    tokenizer: Path = option(
-        help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory"
+    tokenizer: Path | None = option(
+        None,
+        help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory",
     )
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8080, help="port to listen on", minimum=0, maximum=65535)
-    model: str | None = option(None, help="model name for Codec requests that do not name one")
+    model: str | None = option(
+        None,
+        help="with upstream/tokenizer: the model's name for requests that name none, and in "
+        "/v1/models (unset: any name is served, and /v1/models is the backend's)",
+    )
+    # Several models behind one proxy (docs/DEPLOY.md "Several models"): config file only.
+    models: tuple[ModelSettings, ...] = option(
+        (), help="the models served, each with its own upstreams and tokenizer (config file only)"
+    )
+    default_model: str | None = option(
+        None,
+        help="with models: the model for requests that name none (default: the first listed)",
+    )
 
     # --- limits ---
     max_body_bytes: int = option(
@@ -206,7 +311,11 @@ class Settings:
         "off", help="off; advisory: log clients below 0.4; strict: 426 below 0.4"
     )
     deployment_id: str | None = option(None, help="named in 426 bodies and the version policy")
-    docs_url: str | None = option(None, help="upgrade documentation URL for 426 bodies")
+    # The reference engines always name one; clients show it to the user who must upgrade.
+    docs_url: str | None = option(
+        DEFAULT_DOCS_URL,
+        help="upgrade documentation URL in 426 bodies and the version policy ('none': omit)",
+    )
 
     # --- compressed Codec streams (docs/COMPRESSION.md: defaults measured there) ---
     # The first frame is always flushed at once; later ones wait at most this long.
@@ -236,7 +345,49 @@ class Settings:
         flag="zstd-dict",
     )
 
+    # --- rolling Codec out (docs/ROLLOUT.md); these change at run time (SIGHUP) ---
+    # Decided before any upstream contact; a refused Codec request gets 403
+    # `codec_not_enabled` and JSON requests are never affected (proxy/core/http/access.py).
+    codec_enabled: bool = option(True, help="serve Codec at all (JSON requests always pass)")
+    codec_allow_keys: tuple[str, ...] = option(
+        (), help="only these API keys (Bearer tokens) get Codec (empty: every key)", secret=True
+    )
+    codec_deny_keys: tuple[str, ...] = option(
+        (), help="these API keys (Bearer tokens) never get Codec", secret=True
+    )
+    codec_client_header: str | None = option(
+        None, help="request header that names the client, for codec_allow/deny_clients"
+    )
+    codec_allow_clients: tuple[str, ...] = option(
+        (),
+        help="only clients whose codec_client_header is one of these get Codec "
+        "(a trailing * matches a prefix; empty: every client)",
+    )
+    codec_deny_clients: tuple[str, ...] = option(
+        (), help="clients whose codec_client_header is one of these never get Codec"
+    )
+    # Continuous verification (docs/ROLLOUT.md): the IDs a sampled stream sends, decoded with the
+    # published map as a client decodes them, against the text the upstream streamed.
+    verify_sample_rate: float = option(
+        0.01,
+        help="share of Codec streams verified as they are served (0: none)",
+        minimum=0,
+        maximum=1,
+    )
+    verify_refuse_after: int = option(
+        0,
+        help="this many verification mismatches within verify_window refuse Codec for the "
+        "model until a reload or a clean drift check (0: never)",
+        minimum=0,
+    )
+    verify_window: float = option(
+        300.0, help="seconds over which verify_refuse_after counts mismatches", minimum=1
+    )
+
     # --- process ---
+    pid_file: Path | None = option(
+        None, help="write the process id here, for `codec-proxy reload` (SIGHUP)"
+    )
     workers: int = option(1, help="worker processes sharing the port (SO_REUSEPORT)", minimum=1)
     log_format: Literal["json", "text"] = option("json", help="access and event log format")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = option("INFO", help="log level")
@@ -249,8 +400,77 @@ class Settings:
         tokenizer: object = self.tokenizer
         if isinstance(tokenizer, str):
             object.__setattr__(self, "tokenizer", Path(tokenizer))
+        if self.models:
+            given = [n for n in ("upstream", "tokenizer", "model", "map_id", "zstd_dicts")
+                     if getattr(self, n)]  # fmt: skip
+            if given:
+                raise ValueError(
+                    f"{given[0]!r} is per model when 'models' is set: put it in the model's entry"
+                )
+            seen: dict[str, str] = {}
+            for entry in self.models:
+                for name in entry.names:
+                    if name in seen:
+                        raise ValueError(
+                            f"model {entry.name!r}: the name {name!r} is also model "
+                            f"{seen[name]!r}'s"
+                        )
+                    seen[name] = entry.name
+            if self.default_model is not None and self.default_model not in seen:
+                raise ValueError(f"'default_model' {self.default_model!r} is not a listed model")
+            return
+        if self.default_model is not None:
+            raise ValueError("'default_model' needs a 'models' list")
         if not self.upstream:
             raise ValueError("'upstream' needs at least one URL")
+        if self.tokenizer is None:
+            raise ValueError("'tokenizer' is required")
+
+    def model_list(self) -> tuple[ModelConfig, ...]:
+        """Every model, the default first, with each unset key taken from the top level."""
+        if not self.models:
+            assert self.tokenizer is not None  # __post_init__
+            entry = ModelSettings(
+                name=self.model or UNNAMED_MODEL,
+                upstreams=self.upstream,
+                tokenizer=self.tokenizer,
+                upstream_model=self.model,
+                map_id=self.map_id,
+                zstd_dicts=self.zstd_dicts,
+            )
+            return (self._resolved(entry, default=True, any_name=self.model is None),)
+        default = self.default_model or self.models[0].name
+        first = next(m for m in self.models if default in m.names)
+        rest = [m for m in self.models if m is not first]
+        return tuple(self._resolved(m, default=m is first) for m in (first, *rest))
+
+    def _resolved(
+        self, entry: ModelSettings, *, default: bool, any_name: bool = False
+    ) -> ModelConfig:
+        def pick(name: str) -> Any:
+            own = getattr(entry, name)
+            return getattr(self, name) if own is None else own
+
+        return ModelConfig(
+            name=entry.name,
+            names=entry.names,
+            upstreams=entry.upstreams,
+            tokenizer=entry.tokenizer,
+            upstream_model=entry.upstream_model,
+            map_id=entry.map_id,
+            zstd_dicts=entry.zstd_dicts,
+            codec_enabled=entry.codec_enabled,
+            required=default if entry.required is None else entry.required,
+            token_ids=pick("token_ids"),
+            backend=pick("backend"),
+            drift_check=pick("drift_check"),
+            drift_check_interval=pick("drift_check_interval"),
+            max_prompt_ids=pick("max_prompt_ids"),
+            flush_interval_ms=pick("flush_interval_ms"),
+            flush_frames=pick("flush_frames"),
+            any_name=any_name,
+            is_default=default,
+        )
 
     def __repr__(self) -> str:
         # Secrets never reach a log line through a repr.

@@ -160,7 +160,9 @@ def create_app(
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = Readiness()
     if not isinstance(tokenizer, Vocabulary):
-        tokenizer = Vocabulary.build(tokenizer or load_tokenizer(settings.tokenizer))
+        tokenizer = Vocabulary.build(
+            tokenizer or load_tokenizer(settings.model_list()[0].tokenizer)
+        )
     app[VOCABULARY] = tokenizer
     if dictionaries is None:
         dictionaries = load_app_dictionaries(settings, tokenizer)
