@@ -21,9 +21,12 @@ from typing import Any
 
 from proxy import __version__, config, logs
 from proxy.core.errors import ConfigError
-from proxy.settings import Settings
+from proxy.settings import ModelSettings, Settings
 
 log = logging.getLogger("codec_proxy")
+
+# What `codec-proxy embedded` serves the bundled model as.
+EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
 
 
 def _serve_arguments(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
@@ -129,31 +132,33 @@ def run_worker(settings: Settings, index: int, banner: str = "") -> None:
     from proxy.core.compression.dictionaries import DictionaryError
     from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
-    from proxy.server.keys import VOCABULARY
     from proxy.server.runner import serve as serve_app
-    from proxy.server.well_known import TOKENIZER_MAP
-    from proxy.tokenizers import TokenizerLoadError, load_tokenizer
+    from proxy.server.served_models import SERVED_MODELS
+    from proxy.tokenizers import TokenizerLoadError
 
     if settings.workers > 1:  # every worker is spawned, 0 too: logging starts unconfigured
         logs.configure(settings.log_format, settings.log_level)
     try:
-        tokenizer = load_tokenizer(settings.model_list()[0].tokenizer)
-        app = create_app(settings, tokenizer)
+        app = create_app(settings)
     except (TokenizerLoadError, TokenizerMapError, ConfigError, DictionaryError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
-    published = app[TOKENIZER_MAP]
-    for caveat in app[VOCABULARY].map_content.caveats:
-        log.warning("tokenizer map %s: %s", published.id, caveat)
+    served = app[SERVED_MODELS]
+    for model in served:
+        for caveat in model.vocabulary.map_content.caveats:
+            log.warning("tokenizer map %s: %s", model.published.id, caveat)
 
     def announce() -> None:
         if index:
             return
-        print(
-            f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
-            f"-> {', '.join(settings.upstream)} (tokenizer {settings.model_list()[0].tokenizer.name}, "
-            f"vocab {tokenizer.vocab_size}, map {published.header_value})",
-            flush=True,
-        )
+        print(f"codec-proxy {__version__} on http://{settings.host}:{settings.port}", flush=True)
+        for model in served:
+            named = "" if model.config.any_name else f"{model.name}: "
+            print(
+                f"  {named}-> {', '.join(model.config.upstreams)} (tokenizer "
+                f"{model.config.tokenizer.name}, vocab {model.vocabulary.loaded.vocab_size}, "
+                f"map {model.published.header_value})",
+                flush=True,
+            )
         if banner:
             print(banner, flush=True)
 
@@ -202,7 +207,11 @@ def embedded(args: argparse.Namespace) -> int:
     except EmbeddedBackendError as exc:
         raise SystemExit(f"codec-proxy: {exc}") from exc
     try:
-        settings = load_settings(args, upstream=backend.url, tokenizer=model)
+        # One model under a name that is the same on every machine (llama.cpp's /v1/models
+        # names the GGUF's path); `--model` chooses another.
+        name, args.model = args.model or EMBEDDED_MODEL_NAME, None
+        served = ModelSettings(name=name, upstreams=(backend.url,), tokenizer=model)
+        settings = load_settings(args, models=(served,))
         url = f"http://{settings.host}:{settings.port}"
         command = _own_command()
         banner = "\n".join(

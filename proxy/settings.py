@@ -120,7 +120,10 @@ class ModelConfig:
     names: tuple[str, ...]
     upstreams: tuple[str, ...]
     tokenizer: Path
+    # The name the upstream knows the model by, sent in place of the client's.
     upstream_model: str | None
+    # What a request that names no model is sent upstream with (None: the upstream's only one).
+    request_default: str | None
     map_id: str | None
     zstd_dicts: tuple[str, ...]
     codec_enabled: bool
@@ -132,8 +135,8 @@ class ModelConfig:
     max_prompt_ids: int | None
     flush_interval_ms: float
     flush_frames: int
-    # `upstream`/`tokenizer` without `model`: any name a request gives is this model, as before
-    # there were several.
+    # `upstream`/`tokenizer`: any name a request gives is this model, as before there were
+    # several (a `models` list routes by name).
     any_name: bool = False
     is_default: bool = False
 
@@ -434,18 +437,17 @@ class Settings:
                 name=self.model or UNNAMED_MODEL,
                 upstreams=self.upstream,
                 tokenizer=self.tokenizer,
-                upstream_model=self.model,
                 map_id=self.map_id,
                 zstd_dicts=self.zstd_dicts,
             )
-            return (self._resolved(entry, default=True, any_name=self.model is None),)
+            return (self._resolved(entry, default=True, single=True),)
         default = self.default_model or self.models[0].name
         first = next(m for m in self.models if default in m.names)
         rest = [m for m in self.models if m is not first]
         return tuple(self._resolved(m, default=m is first) for m in (first, *rest))
 
     def _resolved(
-        self, entry: ModelSettings, *, default: bool, any_name: bool = False
+        self, entry: ModelSettings, *, default: bool, single: bool = False
     ) -> ModelConfig:
         def pick(name: str) -> Any:
             own = getattr(entry, name)
@@ -457,6 +459,9 @@ class Settings:
             upstreams=entry.upstreams,
             tokenizer=entry.tokenizer,
             upstream_model=entry.upstream_model,
+            # One model by `upstream`/`tokenizer`: `model` as it always was (None: ask the
+            # upstream). Several: each goes up under its own name.
+            request_default=self.model if single else entry.upstream_model or entry.name,
             map_id=entry.map_id,
             zstd_dicts=entry.zstd_dicts,
             codec_enabled=entry.codec_enabled,
@@ -468,7 +473,7 @@ class Settings:
             max_prompt_ids=pick("max_prompt_ids"),
             flush_interval_ms=pick("flush_interval_ms"),
             flush_frames=pick("flush_frames"),
-            any_name=any_name,
+            any_name=single,
             is_default=default,
         )
 

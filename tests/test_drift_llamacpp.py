@@ -23,14 +23,11 @@ import pytest
 
 from proxy import assets
 from proxy.server import create_app
-from proxy.server.drift import DRIFT_MONITOR
-from proxy.server.local import READINESS
-from proxy.server.well_known import TOKENIZER_MAP
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames
-from tests.server.conftest import AiohttpClient, ProxyClient, app_of
+from tests.server.conftest import AiohttpClient, ProxyClient, default_model, drift_monitor
 from tests.test_e2e_llamacpp import direct_stream, request_body
 from tests.tokenizers.support import GOLDEN_PATH
 
@@ -73,7 +70,7 @@ async def wrong_proxy(llama_server: str, aiohttp_client: AiohttpClient) -> Proxy
 
 
 def tokenizer_detail(proxy: ProxyClient) -> str:
-    check = app_of(proxy)[READINESS].get("tokenizer")
+    check = default_model(proxy).readiness.get("tokenizer")
     assert check is not None
     return check.detail
 
@@ -88,7 +85,7 @@ async def test_the_right_tokenizer_passes_the_drift_check(right_proxy: ProxyClie
         check = (await resp.json())["checks"]["tokenizer"]
     assert check["reason"] == "tokenizer_matches_backend"
     assert "on the llama.cpp backend, vocab_size 49152" in tokenizer_detail(right_proxy)
-    monitor = app_of(right_proxy)[DRIFT_MONITOR]
+    monitor = drift_monitor(right_proxy)
     started = time.perf_counter()
     assert await monitor.check()
     record(
@@ -143,7 +140,7 @@ async def test_golden_smollm2_vectors_are_the_servers_ids(llama_server: str) -> 
 async def test_codecai_discovers_the_map_and_renders_the_stream(
     right_proxy: ProxyClient, llama_server: str, tmp_path: Path
 ) -> None:
-    published = app_of(right_proxy)[TOKENIZER_MAP]
+    published = default_model(right_proxy).published
     async with httpx.AsyncClient() as client:
         discovered = await codecai.discover_map(
             origin=origin(right_proxy), id=MAP_ID, client=client
@@ -175,7 +172,7 @@ async def test_codecai_discovers_the_map_and_renders_the_stream(
 
 
 async def test_a_tampered_hash_is_caught_by_the_client(right_proxy: ProxyClient) -> None:
-    published = app_of(right_proxy)[TOKENIZER_MAP]
+    published = default_model(right_proxy).published
     url = f"{origin(right_proxy)}/.well-known/codec/maps/sha256/{published.digest}.json"
     wrong = "sha256:" + ("0" if published.digest[0] != "0" else "1") + published.digest[1:]
     async with httpx.AsyncClient() as client:

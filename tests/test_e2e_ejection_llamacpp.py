@@ -56,4 +56,4 @@ async def test_refused_requests_leave_the_backend_in_rotation(
     async with proxy.get("/metrics") as resp:
         text = await resp.text()
     assert "codec_proxy_upstream_ejections_total 0.0" in text
-    assert 'codec_proxy_upstream_errors_total{kind="status_5xx"} 16.0' in text
+    assert 'codec_proxy_upstream_errors_total{kind="status_5xx",model="default"} 16.0' in text

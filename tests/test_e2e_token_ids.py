@@ -22,11 +22,10 @@ from proxy import assets
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire import codec_pb2
 from proxy.server import create_app
-from proxy.server.models import MODELS
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
-from tests.server.conftest import AiohttpClient, ProxyClient, app_of
+from tests.server.conftest import AiohttpClient, ProxyClient, default_model
 from tests.server.support import frames_of, ids_of
 
 pytestmark = pytest.mark.backend
@@ -141,7 +140,7 @@ async def test_backend_ids_match_the_model_where_retokenizing_cannot(
 ) -> None:
     backend = await make_real_proxy("backend")
     # The drift check at start read /v1/models: only llama.cpp's field is asked for.
-    assert app_of(backend)[MODELS].backend_kind() == "llamacpp"
+    assert default_model(backend).listing.backend_kind() == "llamacpp"
     retokenize = await make_real_proxy("retokenize")
     tokenizer_map = codecai_map(smollm2_vocabulary.loaded)
     report: dict[str, list[dict[str, Any]]] = {"eos_prompts": []}

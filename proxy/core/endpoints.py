@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 from proxy.core.http.request import (
     CompletionRequest,
+    LimitsFor,
     parse_chat_request,
     parse_completion_request,
 )
@@ -27,7 +28,6 @@ from proxy.core.safety.json_policing import (
 )
 from proxy.core.stream.chunks import parse_chat_chunk, parse_completion_chunk
 from proxy.core.stream.transcode import ChunkParser
-from proxy.core.wire.prompt_ids import PromptLimits
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Endpoint:
     # Every path the backends serve this endpoint on (llama.cpp also answers without `/v1`).
     paths: tuple[str, ...]
     # The request body, validated for Codec (the limits bound token-ID prompts).
-    parse_request: Callable[[bytes, PromptLimits], CompletionRequest]
+    parse_request: Callable[[bytes, LimitsFor], CompletionRequest]
     parse_chunk: ChunkParser
     # Where the generated text is in a streamed chunk and in a whole response body.
     streamed_text: TextField

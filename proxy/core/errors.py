@@ -16,10 +16,19 @@ class ProxyError(Exception):
     # (it may name upstream URLs or foreign exception text); None: the message is the client's.
     public_message: str | None = None
 
-    def __init__(self, message: str, *, code: str | None = None, public: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        public: bool = False,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        # The request field at fault, as OpenAI's errors name it (`"param": "model"`).
+        self.param = param
         if public:  # this message was written for clients: it replaces the class's generic one
             self.public_message = message
 
@@ -35,6 +44,12 @@ class Forbidden(BadRequest):
     """The request is understood and refused by this deployment's policy (403)."""
 
     status_hint = 403
+
+
+class NotFound(BadRequest):
+    """What the request names does not exist here, e.g. a model no entry serves (404)."""
+
+    status_hint = 404
 
 
 class PayloadTooLarge(BadRequest):

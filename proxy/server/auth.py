@@ -20,9 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.core.errors import ProxyError
-
-# Whether the client's Authorization header goes upstream (proxy/server/streaming.py).
-FORWARD_AUTHORIZATION = web.AppKey("forward_authorization", bool)
+from proxy.server.live import config_of
 
 
 class Unauthorized(ProxyError):
@@ -41,28 +39,25 @@ class Unauthorized(ProxyError):
         )
 
 
-def _presented_key(request: web.Request) -> str:
+def presented_key(request: web.Request) -> str:
+    """The request's Bearer token ("" without one)."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def api_key_middleware(
-    keys: frozenset[str], *, open_routes: Iterable[web.RouteDef]
-) -> Middleware | None:
-    """A middleware that checks keys, or None when no key is configured. `open_routes` are
-    answered without one."""
-    if not keys:
-        return None
-    encoded = [key.encode() for key in sorted(keys)]
+def api_key_middleware(*, open_routes: Iterable[web.RouteDef]) -> Middleware:
+    """Checks the keys of the request's configuration (none: every request passes; a reload
+    may add or remove them). `open_routes` are answered without one."""
     open_handlers = frozenset(route.handler for route in open_routes)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.handler in open_handlers:
+        keys = config_of(request).api_keys
+        if not keys or request.match_info.handler in open_handlers:
             return await handler(request)
-        presented = _presented_key(request).encode()
+        presented = presented_key(request).encode()
         # Compare with every key, always: the time taken says nothing about which one is close.
-        matches = [hmac.compare_digest(presented, key) for key in encoded]
+        matches = [hmac.compare_digest(presented, key.encode()) for key in sorted(keys)]
         if not presented:
             raise Unauthorized("missing API key", presented=False)
         if not any(matches):

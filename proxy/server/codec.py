@@ -30,7 +30,7 @@ from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.dictionaries import LoadedZstdDictionary
 from proxy.core.compression.flush import FlushConfig
 from proxy.core.endpoints import Endpoint
-from proxy.core.errors import ServiceUnavailable
+from proxy.core.errors import ProxyError, ServiceUnavailable
 from proxy.core.guard import StreamGuard
 from proxy.core.http.content_coding import IDENTITY, ZSTD, ContentCoding, negotiate_coding
 from proxy.core.http.negotiation import wants_prefixed_msgpack
@@ -40,12 +40,12 @@ from proxy.core.safety.stream import PolicedIds
 from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.wire.frames import FrameEncoder, encoder_for
-from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
-from proxy.server.local import READINESS
+from proxy.server.auth import presented_key
+from proxy.server.live import config_of
 from proxy.server.metrics import METRICS
-from proxy.server.models import MODELS
 from proxy.server.observe import RECORD
 from proxy.server.relay import relay_response
+from proxy.server.served_models import ServedModel, model_of
 from proxy.server.streaming import (
     combined_header,
     forward_headers,
@@ -53,8 +53,7 @@ from proxy.server.streaming import (
     upstream_exchange,
 )
 from proxy.server.upstream import Exchange
-from proxy.server.versioning import codec_gate, declared_client_version
-from proxy.server.well_known import TOKENIZER_MAP, ZSTD_DICTIONARIES
+from proxy.server.versioning import client_version_label, codec_gate, declared_client_version
 
 log = logging.getLogger("codec_proxy")
 
@@ -132,20 +131,29 @@ def codec_plan(
     """The plan every Codec entry point builds: encoder from `stream_format` and `Accept`,
     content coding from `Accept-Encoding`.
 
-    Called before any upstream contact, so a 426 (version gate, codec-spec.md §6) or a 406 (no
-    acceptable coding) never costs the backend anything.
+    Called before any upstream contact, so a 403 (Codec not enabled for this client,
+    core/http/access.py), a 426 (version gate, codec-spec.md §6) or a 406 (no acceptable
+    coding) never costs the backend anything.
     """
-    client = codec_gate(request)
+    model = model_of(request)
+    live = config_of(request)
+    config = live.model(model.name)
+    request[RECORD].mode = "codec"  # refused or not, a Codec request
+    try:
+        check_access(request, model)
+        client = codec_gate(request)
+    except ProxyError as exc:
+        request.app[METRICS].codec_refused.labels(model.name, exc.code or "refused").inc()
+        raise
     encoder = encoder_for(
         stream_format, prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept"))
     )
-    dictionary = request.app[ZSTD_DICTIONARIES].for_format(encoder.stream_format)
-    settings = request.app[SETTINGS]
+    dictionary = model.dictionaries.for_format(encoder.stream_format)
     coding = negotiate_coding(
         combined_header(request, "Accept-Encoding"),
         stream_format=encoder.stream_format,
-        flush_interval_ms=settings.flush_interval_ms,
-        flush_frames=settings.flush_frames,
+        flush_interval_ms=config.flush_interval_ms,
+        flush_frames=config.flush_frames,
         zstd_dictionary=dictionary is not None,
         # Dictionary zstd only for a declared Codec client (core/http/content_coding.py).
         codec_client=declared_client_version(request),
@@ -156,20 +164,35 @@ def codec_plan(
         upstream,
         client,
         encoder,
-        token_ids=settings.token_ids,
+        token_ids=config.token_ids,
         resolve_model=resolve_model,
-        tokenizer_map=request.app[TOKENIZER_MAP].header_value,
+        tokenizer_map=model.published.header_value,
         coding=coding,
         zstd_dictionary=dictionary if coding == ZSTD else None,
     )
 
 
+def check_access(request: web.Request, model: ServedModel) -> None:
+    """The rollout switches (core/http/access.py): 403 `codec_not_enabled` when this client
+    may not have Codec for this model."""
+    live = config_of(request)
+    header = live.settings.codec_client_header
+    live.access.check(
+        model=model.name,
+        model_enabled=live.model(model.name).codec_enabled,
+        key=presented_key(request),
+        client=None if header is None else request.headers.get(header),
+    )
+
+
 async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamResponse:
     app = request.app
-    # Never stream IDs while a readiness check (the tokenizer drift check) says they would be
-    # wrong; JSON requests do not come here and keep passing through.
-    refusal = app[READINESS].codec_refusal()
+    served = model_of(request)
+    # Never stream IDs while a readiness check of this model (the tokenizer drift check, the
+    # verification) says they would be wrong; JSON requests do not come here and keep passing.
+    refusal = served.readiness.codec_refusal()
     if refusal is not None:
+        app[METRICS].codec_refused.labels(served.name, refusal.reason).inc()
         raise ServiceUnavailable(
             f"Codec streams are refused for now ({refusal.reason}); JSON requests are served",
             code=refusal.reason,
@@ -178,9 +201,13 @@ async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespon
     record.mode = "codec"
     record.stream_format = plan.encoder.stream_format
     record.encoding = plan.coding
-    model = app[SETTINGS].model
-    if plan.resolve_model:
-        model = await app[MODELS].default_name()
+    app[METRICS].codec_requests.labels(
+        served.name, plan.encoder.stream_format, client_version_label(request), plan.coding
+    ).inc()
+    requested = plan.upstream.fields.get("model") if plan.upstream.has_model else None
+    model = served.upstream_name(requested)
+    if model is None and plan.resolve_model:
+        model = await served.listing.default_name()
     async with _open_upstream(request, plan, model) as (exchange, asked_for_ids):
         if exchange.response.status != 200:
             # Before the stream starts the upstream's own error is the best answer.
@@ -197,10 +224,16 @@ async def _open_upstream(
     ask = plan.token_ids != "retokenize"
     # Asked in the field of the server behind the upstream, once `--backend` or its /v1/models
     # says which (core/backend/kind.py); until then in every backend's.
-    backend = backend_kind(request.app[SETTINGS].backend, request.app[MODELS].backend_kind())
+    served = model_of(request)
+    backend = backend_kind(served.config.backend, served.listing.backend_kind())
 
     def exchange(ask_for_ids: bool) -> contextlib.AbstractAsyncContextManager[Exchange]:
-        body = plan.upstream.body(model=model, ask_for_ids=ask_for_ids, backend=backend)
+        body = plan.upstream.body(
+            model=model,
+            ask_for_ids=ask_for_ids,
+            backend=backend,
+            rename=served.config.upstream_model is not None,
+        )
         return upstream_exchange(
             request,
             mode="codec",
@@ -226,9 +259,11 @@ async def _open_upstream(
 
 
 def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> CodecBody:
-    app = request.app
-    settings = app[SETTINGS]
-    vocabulary = app[VOCABULARY]
+    live = config_of(request)
+    settings = live.settings
+    served = model_of(request)
+    config = live.model(served.name)
+    vocabulary = served.vocabulary
     transcoder = CodecTranscoder(
         vocabulary.scheme,
         plan.endpoint.parse_chunk,
@@ -236,12 +271,12 @@ def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> CodecBo
         token_ids=plan.token_ids if asked_for_ids else "retokenize",
         token_bytes=vocabulary.token_bytes,
     )
-    policy = app.get(SAFETY_POLICY)
+    policy = live.safety_policy(served.name)
     policed = None if policy is None else PolicedIds(policy.rules, vocabulary.loaded.tokenizer)
     # The guard applies the client's finish-reason floor and, when enabled, the policy.
     guard = StreamGuard(transcoder, plan.client, policed)
     configured = FlushConfig(
-        settings.flush_interval_ms, settings.flush_frames, merge=settings.merge_frames
+        config.flush_interval_ms, config.flush_frames, merge=settings.merge_frames
     )
     flush = flush_config_for(plan.coding, configured)
     compressor = new_compressor(plan.coding, plan.zstd_dictionary)
@@ -258,7 +293,7 @@ async def _serve(
 
     def start() -> web.StreamResponse:
         headers = plan.response_headers(guard.token_source or RETOKENIZED)
-        policy = app.get(SAFETY_POLICY)
+        policy = config_of(request).safety_policy(model_of(request).name)
         if policy is not None:
             # Withheld from clients below 0.4 by the header floor hook (server/versioning.py).
             headers.update(policy.response_headers())
@@ -270,9 +305,9 @@ async def _serve(
         body,
         start,
         encoding=plan.coding,
-        overhead=app[METRICS].overhead.labels("codec"),
+        overhead=app[METRICS].overhead.labels("codec", model_of(request).name),
     )
-    _account(request, plan, guard)
+    _account(request, plan, guard, exchange)
     if guard.stopped is not None:
         # Category names are public (in the descriptor); rule contents never are.
         log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)
@@ -284,12 +319,20 @@ async def _serve(
     return response
 
 
-def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard) -> None:
+def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard, exchange: Exchange) -> None:
     record = request[RECORD]
+    metrics = request.app[METRICS]
+    model = model_of(request).name
+    fmt = plan.encoder.stream_format
     outcome = guard.outcome
     tokens = outcome.tokens if outcome is not None else 0
     record.tokens = tokens
-    request.app[METRICS].tokens.labels(plan.encoder.stream_format).inc(tokens)
+    source = guard.token_source or RETOKENIZED
+    metrics.tokens.labels(fmt, model, source).inc(tokens)
+    # What the client did not have to download: the upstream's JSON-SSE minus our frames.
+    saved = exchange.bytes_in - record.bytes_out
+    if saved > 0:
+        metrics.bytes_saved.labels(model, fmt).inc(saved)
     if guard.stopped is not None:
         record.outcome = "policy_stop"
     elif outcome is not None and outcome.error:

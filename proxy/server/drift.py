@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import aiohttp
-from aiohttp import web
 
 from proxy.core.backend import drift
 from proxy.core.backend.drift import DriftState, DriftVerdict
@@ -26,11 +25,8 @@ from proxy.core.backend.tokenize_api import (
     parse_tokens,
 )
 from proxy.core.errors import ProxyError, UpstreamProtocolError
-from proxy.server.keys import VOCABULARY
-from proxy.server.local import READINESS
-from proxy.server.models import MODELS, UpstreamModels
-from proxy.server.upstream import UPSTREAM, UpstreamPool
-from proxy.settings import Settings
+from proxy.server.models import UpstreamModels
+from proxy.server.upstream import UpstreamPool
 from proxy.tokenizers.probes import PROBE_STRINGS
 from proxy.tokenizers.vocabulary import Vocabulary
 
@@ -73,8 +69,10 @@ class DriftMonitor:
         readiness: Readiness,
         *,
         model: str | None,
+        on_verdict: Callable[[], None] = lambda: None,
     ) -> None:
         self._upstream = upstream
+        self._on_verdict = on_verdict
         self._models = models
         self._readiness = readiness
         self._model = model
@@ -186,6 +184,7 @@ class DriftMonitor:
     def _record(self, verdict: DriftVerdict) -> None:
         previous, self.verdict = self.verdict, verdict
         self._readiness.update(verdict.check())
+        self._on_verdict()
         if verdict.state is DriftState.MISMATCHED:
             if previous.differences != verdict.differences or previous.state != verdict.state:
                 log.error("tokenizer drift: %s", verdict.detail)
@@ -206,33 +205,3 @@ class DriftMonitor:
         while True:
             await asyncio.sleep(interval if concluded else min(interval, RETRY_SECONDS))
             concluded = await self.check()
-
-
-DRIFT_MONITOR = web.AppKey("drift_monitor", DriftMonitor)
-
-
-def drift_context(settings: Settings) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx: the first check before serving, then the periodic task until shutdown."""
-
-    async def context(app: web.Application) -> AsyncIterator[None]:
-        readiness = app[READINESS]
-        if not settings.drift_check:
-            readiness.update(
-                DriftVerdict(DriftState.DISABLED, "the drift check is turned off").check()
-            )
-            yield
-            return
-        monitor = DriftMonitor(
-            app[UPSTREAM], app[MODELS], app[VOCABULARY], readiness, model=settings.model
-        )
-        app[DRIFT_MONITOR] = monitor
-        concluded = await monitor.check()
-        task = asyncio.create_task(monitor.run(settings.drift_check_interval, concluded=concluded))
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    return context

@@ -20,10 +20,19 @@ log = logging.getLogger("codec_proxy")
 
 
 def json_error(
-    status: int, message: str, *, error_type: str, code: str | None = None
+    status: int,
+    message: str,
+    *,
+    error_type: str,
+    code: str | None = None,
+    param: str | None = None,
 ) -> web.Response:
-    """`{"error": {"message", "type", "code"}}`, the shape OpenAI clients already parse."""
-    body = {"error": {"message": message, "type": error_type, "code": code}}
+    """`{"error": {"message", "type", "code"}}`, the shape OpenAI clients already parse (with
+    `param` when one request field is at fault)."""
+    error: dict[str, str | None] = {"message": message, "type": error_type, "code": code}
+    if param is not None:
+        error["param"] = param
+    body = {"error": error}
     return web.Response(
         status=status,
         body=json.dumps(body).encode(),
@@ -50,7 +59,9 @@ def error_response(exc: ProxyError) -> web.Response:
         # Its exact body and headers are the protocol (codec-spec.md §6): sent as built.
         return web.Response(status=exc.status_hint, body=exc.body, headers=exc.headers)
     message = exc.public_message or exc.message
-    response = json_error(exc.status_hint, message, error_type=exc.error_type, code=exc.code)
+    response = json_error(
+        exc.status_hint, message, error_type=exc.error_type, code=exc.code, param=exc.param
+    )
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)

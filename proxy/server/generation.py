@@ -19,9 +19,10 @@ other stream and `/livez` keep being served meanwhile.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Final, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar
 
+import orjson
 from aiohttp import web
 
 from proxy.core.endpoints import (
@@ -33,17 +34,22 @@ from proxy.core.endpoints import (
 )
 from proxy.core.errors import Forbidden
 from proxy.core.http.body_coding import decode_body
+from proxy.core.http.json_body import requested_model
+from proxy.core.http.request import CompletionRequest, LimitsFor
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire.codec_request import decode_codec_request
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.server.codec import codec_plan, serve_codec
-from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
-from proxy.server.models import MODELS
+from proxy.server.live import config_of
 from proxy.server.policed_json import police_json
 from proxy.server.relay import relay
 from proxy.server.request_body import read_request_body
+from proxy.server.served_models import MODEL as MODEL_KEY
+from proxy.server.served_models import SERVED_MODELS, ServedModel, route_request
 from proxy.server.streaming import combined_header, request_target
-from proxy.settings import DEFAULT_MAX_PROMPT_IDS
+
+# Path B's `CodecRequest` has no model field (codec-spec.md §3.3): this header names it.
+MODEL_HEADER = "Codec-Model"
 
 T = TypeVar("T")
 
@@ -58,10 +64,20 @@ async def off_loop(size: int, work: Callable[[], T]) -> T:
     return await asyncio.to_thread(work)
 
 
-def prompt_limits(app: web.Application) -> PromptLimits:
-    """`max_prompt_ids`, else the backend's context length as last listed, else the default."""
-    max_ids = app[SETTINGS].max_prompt_ids or app[MODELS].context_length() or DEFAULT_MAX_PROMPT_IDS
-    return PromptLimits(app[VOCABULARY].loaded.vocab_size, max_ids)
+def prompt_limits(request: web.Request) -> LimitsFor:
+    """How a body's fields give its prompt limits: the model they name, its vocabulary and
+    `max_prompt_ids` (else its backend's context length, else the default)."""
+    live = config_of(request)
+    if MODEL_KEY in request:
+        routed = request[MODEL_KEY]
+        return routed.prompt_limits(live.model(routed.name).max_prompt_ids)
+    served = request.app[SERVED_MODELS]
+
+    def limits(fields: Mapping[str, Any]) -> PromptLimits:
+        model = served.route(fields.get("model"))
+        return model.prompt_limits(live.model(model.name).max_prompt_ids)
+
+    return limits
 
 
 async def read_body(request: web.Request) -> tuple[bytes, bytes]:
@@ -73,7 +89,7 @@ async def read_body(request: web.Request) -> tuple[bytes, bytes]:
     """
     raw = await read_request_body(request)
     coding = combined_header(request, "Content-Encoding")
-    max_bytes = request.app[SETTINGS].max_body_bytes
+    max_bytes = config_of(request).settings.max_body_bytes
     # A small compressed body can decode to max_body_bytes: always off the loop.
     size = len(raw) if coding is None else max(len(raw), _OFF_LOOP_BYTES)
     decoded = await off_loop(size, lambda: decode_body(raw, coding, max_bytes=max_bytes))
@@ -82,14 +98,20 @@ async def read_body(request: web.Request) -> tuple[bytes, bytes]:
 
 async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     raw, body = await read_body(request)
-    limits = prompt_limits(request.app)
+    limits = prompt_limits(request)
     parsed = await off_loop(len(body), lambda: endpoint.parse_request(body, limits))
+    model = route_request(request, parsed.body.get("model"))
     if not parsed.is_codec:
         # JSON is not Codec traffic: never refused for its version. Passed through byte for
         # byte (coding and all) unless a safety policy must read it.
-        if SAFETY_POLICY in request.app:
-            return await police_json(request, body, endpoint)
-        return await relay(request, body=raw)
+        policy = config_of(request).safety_policy(model.name)
+        if policy is not None:
+            return await police_json(request, _renamed(body, parsed, model), endpoint, policy)
+        renamed = _renamed(body, parsed, model)
+        if renamed is body:
+            return await relay(request, body=raw)
+        # The decoded body, renamed: its coding no longer applies.
+        return await relay(request, body=renamed, drop=("content-encoding",))
     plan = codec_plan(
         request,
         endpoint,
@@ -98,6 +120,15 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         stream_format=parsed.stream_format,
     )
     return await serve_codec(request, plan)
+
+
+def _renamed(body: bytes, parsed: CompletionRequest, model: ServedModel) -> bytes:
+    """`body` with `model` as the upstream knows it (`upstream_model`), the one change a
+    JSON request gets on its way; `body` itself when nothing changes."""
+    name = model.config.upstream_model
+    if name is None or parsed.body.get("model") == name:
+        return body
+    return orjson.dumps({**parsed.body, "model": name})
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -109,9 +140,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions_codec(request: web.Request) -> web.StreamResponse:
+    route_request(request, request.headers.get(MODEL_HEADER))
     _, body = await read_body(request)
     content_type = request.headers.get("Content-Type")
-    limits = prompt_limits(request.app)
+    limits = prompt_limits(request)
+    assert isinstance(limits, PromptLimits)  # routed above
     parsed = await off_loop(len(body), lambda: decode_codec_request(body, content_type, limits))
     plan = codec_plan(
         request,
@@ -125,11 +158,12 @@ async def completions_codec(request: web.Request) -> web.StreamResponse:
 
 
 async def other_routes(request: web.Request) -> web.StreamResponse:
-    """Every other path, any method: relayed as it is. With a safety policy loaded, a spelling
-    of a generation route the router did not match (`/v1/completions/`, `//completions`) is
-    served as that route, and a generation route the policy cannot read is refused: the
-    backend's router may well accept what ours did not."""
-    if SAFETY_POLICY in request.app and request.method == "POST":
+    """Every other path, any method: relayed as it is, to the model the body names (else the
+    default). With a safety policy loaded, a spelling of a generation route the router did not
+    match (`/v1/completions/`, `//completions`) is served as that route, and a generation
+    route the policy cannot read is refused: the backend's router may well accept what ours
+    did not."""
+    if config_of(request).safety_policies and request.method == "POST":
         endpoint = endpoint_for(request.raw_path)
         if endpoint is not None:
             return await _path_a(request, endpoint)
@@ -139,4 +173,7 @@ async def other_routes(request: web.Request) -> web.StreamResponse:
                 "/v1/completions or /v1/chat/completions",
                 code="route_not_policed",
             )
-    return await relay(request)
+    data = await read_request_body(request)
+    coded = combined_header(request, "Content-Encoding") is not None
+    route_request(request, None if coded else requested_model(data))
+    return await relay(request, body=data)

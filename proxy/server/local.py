@@ -11,6 +11,7 @@ from proxy.core.backend.readiness import Readiness
 from proxy.server.errors import method_not_allowed
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.metrics import METRICS
+from proxy.server.served_models import SERVED_MODELS
 
 READINESS = web.AppKey("readiness", Readiness)
 # What `GET /codec/schema` serves: the proto3 schema of exactly what is emitted.
@@ -27,9 +28,10 @@ async def livez(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """200 when every readiness check passes, else 503 with the reasons."""
     readiness = request.app[READINESS]
+    served = request.app[SERVED_MODELS]
     return web.json_response(
-        readiness.report(),
-        status=200 if readiness.ready else 503,
+        served.report(readiness),
+        status=200 if readiness.ready and served.ready() else 503,
         headers={"Cache-Control": "no-store"},
     )
 

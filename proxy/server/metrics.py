@@ -46,21 +46,21 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "codec_proxy_requests",
-            "Requests answered, by route, mode (codec|passthrough|local) and status code.",
-            ["route", "mode", "status"],
+            "Requests answered, by route, mode (codec|passthrough|local), status code and model.",
+            ["route", "mode", "status", "model"],
             registry=r,
         )
         self.active_streams = Gauge(
             "codec_proxy_active_streams",
             "Requests currently being proxied to an upstream.",
-            ["mode"],
+            ["mode", "model"],
             registry=r,
             multiprocess_mode="livesum",
         )
         self.ttft = Histogram(
             "codec_proxy_time_to_first_token_seconds",
             "From request received to the first body bytes sent to the client.",
-            ["mode"],
+            ["mode", "model"],
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
@@ -75,14 +75,14 @@ class Metrics:
             "codec_proxy_overhead_seconds",
             "Mean time spent inside the proxy per upstream chunk (parse, retokenize, encode), "
             "observed once per stream.",
-            ["mode"],
+            ["mode", "model"],
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
         self.upstream_errors = Counter(
             "codec_proxy_upstream_errors",
-            "Upstream failures by kind (connect, timeout, status_5xx, protocol).",
-            ["kind"],
+            "Upstream failures by kind (connect, timeout, status_5xx, protocol) and model.",
+            ["kind", "model"],
             registry=r,
         )
         self.retries = Counter(
@@ -110,24 +110,95 @@ class Metrics:
         self.bytes_in = Counter(
             "codec_proxy_upstream_bytes",
             "Body bytes received from upstreams.",
-            ["mode"],
+            ["mode", "model"],
             registry=r,
         )
         self.bytes_out = Counter(
             "codec_proxy_client_bytes",
-            "Body bytes sent to clients, by mode and content encoding.",
-            ["mode", "encoding"],
+            "Body bytes sent to clients, by mode, content encoding and model.",
+            ["mode", "encoding", "model"],
             registry=r,
         )
         self.tokens = Counter(
             "codec_proxy_tokens",
-            "Token IDs sent in Codec frames, by stream format.",
-            ["format"],
+            "Token IDs sent in Codec frames, by stream format, model and where they came from.",
+            ["format", "model", "token_source"],
             registry=r,
         )
         self.rejected = Counter(
             "codec_proxy_load_shed",
             "Requests refused with 503 because max_streams were in flight.",
+            registry=r,
+        )
+
+        # --- rolling Codec out (docs/ROLLOUT.md) ---
+        self.codec_requests = Counter(
+            "codec_proxy_codec_requests",
+            "Codec streams started, by model, stream format, client version (bucketed to the "
+            "versions the proxy knows, absent, other) and content coding.",
+            ["model", "format", "client_version", "encoding"],
+            registry=r,
+        )
+        self.bytes_saved = Counter(
+            "codec_proxy_codec_bytes_saved",
+            "Upstream body bytes minus bytes sent to the client, per Codec stream.",
+            ["model", "format"],
+            registry=r,
+        )
+        self.codec_refused = Counter(
+            "codec_proxy_codec_refused",
+            "Codec requests refused before any upstream contact, by model and reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.streams = Counter(
+            "codec_proxy_streams",
+            "Streamed upstream answers that ended, by model, mode and how they ended "
+            "(complete, error, client_disconnect, policy_stop, shutdown, slow_client).",
+            ["model", "mode", "end"],
+            registry=r,
+        )
+        self.verify_streams = Counter(
+            "codec_proxy_verify_streams",
+            "Codec streams verified against the published map, by model and result "
+            "(match, mismatch, skipped).",
+            ["model", "result"],
+            registry=r,
+        )
+        self.verify_mismatches = Counter(
+            "codec_proxy_verify_mismatches",
+            "Verified Codec streams whose IDs, decoded with the published map, differ from "
+            "the upstream's text.",
+            ["model", "token_source"],
+            registry=r,
+        )
+        # 0/1 per model. Every worker checks on its own: the highest value says "some worker".
+        self.drift_detected = Gauge(
+            "codec_proxy_drift_detected",
+            "1 while the model's tokenizer drift check says the backend tokenizes differently.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.codec_available = Gauge(
+            "codec_proxy_codec_available",
+            "1 while Codec is served for the model, 0 while it is refused (drift, "
+            "verification, disabled).",
+            ["model"],
+            registry=r,
+            multiprocess_mode="min",
+        )
+        self.model_ready = Gauge(
+            "codec_proxy_model_ready",
+            "1 while every readiness check of the model passes.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="min",
+        )
+        self.config_reloads = Counter(
+            "codec_proxy_config_reloads",
+            "Configuration reloads (SIGHUP), by result (ok, error).",
+            ["result"],
             registry=r,
         )
 

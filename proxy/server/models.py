@@ -13,7 +13,6 @@ import asyncio
 import logging
 
 import aiohttp
-from aiohttp import web
 
 from proxy.core.backend.kind import BackendKind, detect_kind
 from proxy.core.backend.models import (
@@ -98,6 +97,3 @@ class UpstreamModels:
             )
             self._backend = backend
         return listing
-
-
-MODELS = web.AppKey("models", UpstreamModels)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.core.backend.routing import NO_MODEL
 from proxy.server.lifecycle import is_shutdown
 from proxy.server.metrics import METRICS
 
@@ -41,6 +42,8 @@ class RequestRecord:
     encoding: str | None = None
     client_version: str | None = None
     upstream: str | None = None
+    # The configured model the request was routed to (never the raw name a client sent).
+    model: str | None = None
     status: int = 0
     tokens: int = 0
     bytes_in: int = 0
@@ -116,8 +119,26 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         record.status = exc.status
         raise
     finally:
-        metrics.requests.labels(record.route, record.mode, str(record.status)).inc()
+        model = record.model or NO_MODEL
+        metrics.requests.labels(record.route, record.mode, str(record.status), model).inc()
+        end = stream_end(record)
+        if end is not None:
+            metrics.streams.labels(model, record.mode, end).inc()
         _log(request, record)
+
+
+def stream_end(record: RequestRecord) -> str | None:
+    """How a streamed upstream answer ended, as a bounded label; None if none was streamed."""
+    if record.upstream is None:
+        return None
+    outcome = record.outcome
+    if outcome == "ok":
+        return "complete" if record.completed else "error"
+    if outcome in ("client_disconnect", "policy_stop", "slow_client"):
+        return outcome
+    if outcome == "ended_by_shutdown":
+        return "shutdown"
+    return "error"
 
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

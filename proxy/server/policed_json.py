@@ -18,9 +18,10 @@ from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.json_policing import JsonStreamPolicer, Verdict, police_json_body
 from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedText
-from proxy.server.keys import SAFETY_POLICY, SETTINGS, VOCABULARY
+from proxy.server.live import config_of
 from proxy.server.observe import RECORD
 from proxy.server.relay import relay_response
+from proxy.server.served_models import model_of
 from proxy.server.streaming import (
     forward_headers,
     request_target,
@@ -40,8 +41,9 @@ _UPSTREAM_ADD = [("Accept-Encoding", "identity")]
 _RESPONSE_DROP = ("content-length", "content-encoding")
 
 
-async def police_json(request: web.Request, body: bytes, endpoint: Endpoint) -> web.StreamResponse:
-    policy = request.app[SAFETY_POLICY]
+async def police_json(
+    request: web.Request, body: bytes, endpoint: Endpoint, policy: SafetyPolicy
+) -> web.StreamResponse:
     async with upstream_exchange(
         request,
         mode="policed",
@@ -64,7 +66,7 @@ async def police_json(request: web.Request, body: bytes, endpoint: Endpoint) -> 
 
 
 def _policed_text(request: web.Request, policy: SafetyPolicy) -> PolicedText:
-    vocabulary = request.app[VOCABULARY]
+    vocabulary = model_of(request).vocabulary
     return PolicedText(policy.rules, vocabulary.scheme, vocabulary.loaded.tokenizer)
 
 
@@ -79,7 +81,7 @@ async def _police_stream(
     policer = JsonStreamPolicer(
         lambda: _policed_text(request, policy),
         endpoint.streamed_text,
-        max_event_bytes=request.app[SETTINGS].max_event_bytes,
+        max_event_bytes=config_of(request).settings.max_event_bytes,
     )
     request[RECORD].phase = "first_byte"
 
@@ -100,7 +102,7 @@ async def _police_stream(
 async def _police_body(
     request: web.Request, exchange: Exchange, policy: SafetyPolicy, endpoint: Endpoint
 ) -> web.Response:
-    limit = request.app[SETTINGS].max_body_bytes
+    limit = config_of(request).settings.max_body_bytes
     raw = bytearray()
     try:
         while chunk := await exchange.read():

@@ -36,7 +36,7 @@ from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from proxy.server.errors import json_error
-from proxy.server.keys import SETTINGS
+from proxy.server.live import LIVE
 from proxy.server.metrics import METRICS
 
 # How soon after the last byte of a request its sender's EOF must come to be taken for a
@@ -255,7 +255,7 @@ class ProxyRunner(web.AppRunner):
             server.request_handler,
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
-            head_timeout=self.app[SETTINGS].request_timeout,
+            head_timeout=self.app[LIVE].current.settings.request_timeout,
             on_head_timeout=self.app[METRICS].timeouts.labels("request_head").inc,
             **server._kwargs,
         )

@@ -44,7 +44,9 @@ async def relay_response(request: web.Request, exchange: Exchange) -> web.Stream
     return await stream_response(request, exchange, RelayedBody(), start, encoding=encoding)
 
 
-async def relay(request: web.Request, *, body: bytes | None = None) -> web.StreamResponse:
+async def relay(
+    request: web.Request, *, body: bytes | None = None, drop: tuple[str, ...] = ()
+) -> web.StreamResponse:
     """Send the request upstream as it is and the answer back as it is."""
     data = body if body is not None else await read_request_body(request)
     async with upstream_exchange(
@@ -52,7 +54,7 @@ async def relay(request: web.Request, *, body: bytes | None = None) -> web.Strea
         mode="passthrough",
         method=request.method,
         path_qs=request_target(request),
-        headers=forward_headers(request),
+        headers=forward_headers(request, drop=drop),
         body=data or None,
     ) as exchange:
         return await relay_response(request, exchange)

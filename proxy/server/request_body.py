@@ -15,7 +15,7 @@ import asyncio
 from aiohttp import web
 
 from proxy.core.errors import BadRequest, ProxyError
-from proxy.server.keys import SETTINGS
+from proxy.server.live import config_of
 from proxy.server.metrics import METRICS
 from proxy.server.observe import RECORD
 from proxy.server.protocol import ProxyProtocol
@@ -30,7 +30,7 @@ class RequestTimeout(ProxyError):
 
 async def read_request_body(request: web.Request) -> bytes:
     """The whole body as sent (aiohttp caps it at `client_max_size`: 413 beyond)."""
-    timeout = request.app[SETTINGS].request_timeout
+    timeout = config_of(request).settings.request_timeout
     try:
         async with asyncio.timeout(timeout or None):
             return await request.read()

@@ -30,12 +30,12 @@ from prometheus_client import Histogram
 from proxy.core.bodies import ResponseBody
 from proxy.core.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.headers import end_to_end
-from proxy.server.auth import FORWARD_AUTHORIZATION
-from proxy.server.keys import SETTINGS
 from proxy.server.lifecycle import LIFECYCLE, is_shutdown
+from proxy.server.live import config_of
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.observe import RECORD, REQUEST_ID_HEADER, RequestRecord
-from proxy.server.upstream import UPSTREAM, Exchange
+from proxy.server.served_models import model_label, model_of
+from proxy.server.upstream import Exchange
 
 log = logging.getLogger("codec_proxy")
 
@@ -71,7 +71,7 @@ def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list
             "a request header holds bytes that are not UTF-8; they cannot be relayed unchanged",
             code="invalid_header_bytes",
         ) from exc
-    if not request.app[FORWARD_AUTHORIZATION]:
+    if not config_of(request).forward_authorization:
         drop = (*drop, "authorization")
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
@@ -114,11 +114,12 @@ async def upstream_exchange(
     record = request[RECORD]
     record.mode = mode
     record.phase = "upstream_headers"
-    active = app[METRICS].active_streams.labels(mode)
+    model = model_of(request)
+    active = app[METRICS].active_streams.labels(mode, model.name)
     active.inc()
     try:
         with app[LIFECYCLE].tracking():
-            async with app[UPSTREAM].open(method, path_qs, headers=headers, data=body) as exchange:
+            async with model.pool.open(method, path_qs, headers=headers, data=body) as exchange:
                 record.upstream = exchange.upstream.url
                 try:
                     yield exchange
@@ -159,6 +160,7 @@ class ClientWriter:
         self._timeout = write_timeout or None
         self._encoding = encoding
         self._gap = metrics.inter_token_gap.labels(record.mode)
+        self._model = model_label(request)
 
     async def write(self, data: bytes) -> None:
         if not data:
@@ -171,7 +173,7 @@ class ClientWriter:
         first = self._record.ttft is None
         gap = self._record.wrote(len(data), time.monotonic())
         if first and self._record.ttft is not None:
-            self._metrics.ttft.labels(self._record.mode).observe(self._record.ttft)
+            self._metrics.ttft.labels(self._record.mode, self._model).observe(self._record.ttft)
         elif gap is not None:
             self._gap.observe(gap)
 
@@ -191,7 +193,7 @@ class ClientWriter:
     def account(self) -> None:
         """Publish the bytes sent, once per response rather than once per write."""
         if self._record.bytes_out:
-            labels = self._metrics.bytes_out.labels(self._record.mode, self._encoding)
+            labels = self._metrics.bytes_out.labels(self._record.mode, self._encoding, self._model)
             labels.inc(self._record.bytes_out)
 
     async def close(self) -> None:
@@ -256,7 +258,7 @@ async def stream_response(
         response,
         metrics=app[METRICS],
         record=record,
-        write_timeout=app[SETTINGS].write_timeout,
+        write_timeout=config_of(request).settings.write_timeout,
         encoding=encoding,
     )
     record.phase = "streaming"

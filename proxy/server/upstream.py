@@ -30,7 +30,7 @@ from proxy.core.backend.balancer import Balancer, UpstreamState
 from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.server.metrics import Metrics
-from proxy.settings import Settings
+from proxy.settings import UNNAMED_MODEL, Settings
 
 log = logging.getLogger("codec_proxy")
 
@@ -174,8 +174,16 @@ class Exchange:
         return chunk
 
 
+class StreamBudget:
+    """Upstream requests in flight across every model's pool, against `max_streams`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+
 class UpstreamPool:
-    """The configured upstreams, their health, and the session that reaches them."""
+    """One model's upstreams, their health, and the session (shared) that reaches them."""
 
     def __init__(
         self,
@@ -183,19 +191,28 @@ class UpstreamPool:
         session: aiohttp.ClientSession,
         metrics: Metrics,
         readiness: Readiness | None = None,
+        *,
+        upstreams: tuple[str, ...] | None = None,
+        model: str = UNNAMED_MODEL,
+        budget: StreamBudget | None = None,
     ) -> None:
         self.settings = settings
         self.session = session
         self.metrics = metrics
         self.readiness = readiness
+        self.model = model  # the metric label
+        self.budget = budget or StreamBudget(settings.max_streams)
         self.balancer = Balancer(
-            settings.upstream,
+            upstreams or settings.upstream,
             eject_after=settings.eject_after,
             eject_seconds=settings.eject_seconds,
             max_ejection_percent=settings.max_ejection_percent,
             panic_threshold=settings.panic_threshold,
         )
-        self.in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.budget.in_flight
 
     @contextlib.asynccontextmanager
     async def open(
@@ -208,13 +225,14 @@ class UpstreamPool:
     ) -> AsyncIterator[Exchange]:
         """Send a request upstream; yields once the response headers are in."""
         settings = self.settings
-        if self.in_flight >= settings.max_streams:
+        budget = self.budget
+        if budget.in_flight >= budget.limit:
             self.metrics.rejected.inc()
             raise Overloaded(
-                f"{self.in_flight} requests in flight (max_streams); retry shortly",
+                f"{budget.in_flight} requests in flight (max_streams); retry shortly",
                 code="overloaded",
             )
-        self.in_flight += 1
+        budget.in_flight += 1
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
@@ -225,9 +243,9 @@ class UpstreamPool:
                 exchange.close()
                 exchange.response.release()
                 exchange.upstream.outstanding -= 1
-                self.metrics.bytes_in.labels("any").inc(exchange.bytes_in)
+                self.metrics.bytes_in.labels("any", self.model).inc(exchange.bytes_in)
         finally:
-            self.in_flight -= 1
+            budget.in_flight -= 1
 
     async def _send(
         self,
@@ -293,7 +311,7 @@ class UpstreamPool:
                 self._failed(upstream, "protocol", exc)
                 raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
             if response.status >= 500:
-                self.metrics.upstream_errors.labels("status_5xx").inc()
+                self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
             if self.balancer.answered(upstream, response.status, time.monotonic()):
                 self._ejected(upstream, f"answered {response.status}")
             return Exchange(response, upstream, deadline, self.settings.idle_timeout or None)
@@ -324,7 +342,7 @@ class UpstreamPool:
         )
 
     def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException) -> None:
-        self.metrics.upstream_errors.labels(kind).inc()
+        self.metrics.upstream_errors.labels(kind, self.model).inc()
         reason = f"{kind}: {exc!r}"
         if self.balancer.failed(upstream, time.monotonic(), reason):
             self._ejected(upstream, reason)

@@ -17,14 +17,15 @@ from collections import OrderedDict
 
 from aiohttp import web
 
-from proxy.core.http.upgrade import VersionPolicy
 from proxy.core.http.versioning import (
     CLIENT_VERSION_HEADER,
     ClientVersion,
     ParsedClientVersion,
     parse_client_version,
+    version_label,
     withheld_headers,
 )
+from proxy.server.live import config_of
 from proxy.server.observe import RECORD
 
 log = logging.getLogger("codec_proxy")
@@ -54,7 +55,6 @@ class VersionNotices:
         return True
 
 
-VERSION_POLICY = web.AppKey("version_policy", VersionPolicy)
 VERSION_NOTICES = web.AppKey("version_notices", VersionNotices)
 CLIENT_VERSION = web.RequestKey("client_version", ParsedClientVersion)
 
@@ -91,6 +91,11 @@ def declared_client_version(request: web.Request) -> ClientVersion | None:
     return _parsed_client_version(request).declared
 
 
+def client_version_label(request: web.Request) -> str:
+    """The request's client version as a bounded metric label."""
+    return version_label(_parsed_client_version(request))
+
+
 def codec_gate(request: web.Request) -> ClientVersion:
     """The client's version, or the 426 when this deployment enforces a higher one.
 
@@ -98,7 +103,7 @@ def codec_gate(request: web.Request) -> ClientVersion:
     24). JSON requests are not Codec traffic and never go through it.
     """
     client = client_version(request)
-    policy = request.app[VERSION_POLICY]
+    policy = config_of(request).version_policy
     if policy.refuses(client):
         raise policy.upgrade_required(client)
     address = request.remote or "unknown"

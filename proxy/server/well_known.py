@@ -10,6 +10,7 @@ documents come from memory: a path only ever selects one of them (codec-spec.md 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import hashlib
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ import brotli
 from aiohttp import web
 
 from proxy.core.compression.compressors import DEFAULT_LEVELS
-from proxy.core.compression.dictionaries import ZstdDictionaries, is_sha256_hex
+from proxy.core.compression.dictionaries import is_sha256_hex
 from proxy.core.maps.discovery import (
     CORS_ALLOW_ORIGIN,
     HOST_DERIVED_CACHE_CONTROL,
@@ -28,22 +29,26 @@ from proxy.core.maps.discovery import (
     WELL_KNOWN_PREFIX,
     Coding,
     IndexDocument,
+    IndexEntry,
     MapByDigest,
     MapById,
+    MapInline,
     choose_coding,
     discovery_target,
     entity_tag,
     if_none_match,
     index_body,
+    is_pointed_to,
     origin_of,
+    pointer_body,
     reply_headers,
 )
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.safety.policy import WELL_KNOWN_POLICIES
 from proxy.server.errors import json_error, method_not_allowed
-from proxy.server.keys import SAFETY_POLICY
+from proxy.server.live import config_of
+from proxy.server.served_models import SERVED_MODELS
 from proxy.server.streaming import combined_header
-from proxy.server.versioning import VERSION_POLICY
 
 VERSION_POLICY_PATH = WELL_KNOWN_PREFIX + "version-policy.json"
 ALLOWED_METHODS = "GET, HEAD, OPTIONS"
@@ -85,12 +90,8 @@ class MapStore:
 
 
 MAPS = web.AppKey("maps", MapStore)
-TOKENIZER_MAP = web.AppKey("tokenizer_map", PublishedMap)
-# Loaded zstd dictionaries, at most one per wire format. `.records` are the tokenizer map's
-# `zstd_dictionaries[]` entries ({format, url, hash, size_bytes, trained_at?, corpus_summary?}).
 # The configured public origin (`public_url`) for index URLs; absent: each request's Host.
 PUBLIC_ORIGIN = web.AppKey("public_origin", str)
-ZSTD_DICTIONARIES = web.AppKey("zstd_dictionaries", ZstdDictionaries)
 
 
 def _not_found(request: web.Request) -> web.Response:
@@ -134,18 +135,20 @@ async def _map_reply(
     return _reply(request, published.body, published.digest, cache_control, coded)
 
 
-def _index_reply(request: web.Request) -> web.Response:
-    # codecai wants absolute URLs (interop.md §1.6): from the configured public origin, else
-    # from this request's Host, and then good for that Host only.
+def _origin(request: web.Request) -> tuple[str | None, str]:
+    """The origin absolute URLs start with, and the Cache-Control that goes with it.
+
+    codecai wants absolute URLs (interop.md §1.6): from the configured public origin, else from
+    this request's Host, and then good for that Host only (None: a Host we will not echo).
+    """
     origin = request.app.get(PUBLIC_ORIGIN)
-    cache_control = SHORT_CACHE_CONTROL
-    if origin is None:
-        origin = origin_of(request.scheme, request.host)
-        cache_control = HOST_DERIVED_CACHE_CONTROL
-        if origin is None:
-            return _not_found(request)
-    body = index_body(origin, request.app[MAPS].maps)
-    # A few hundred bytes: compressed inline, not kept (it names the request's origin).
+    if origin is not None:
+        return origin, SHORT_CACHE_CONTROL
+    return origin_of(request.scheme, request.host), HOST_DERIVED_CACHE_CONTROL
+
+
+def _small_reply(request: web.Request, body: bytes, cache_control: str) -> web.Response:
+    """A document of a few hundred bytes, naming an origin: compressed inline, not kept."""
     coding = choose_coding(_accept_encoding(request))
     coded = None if coding is None else COMPRESSORS[coding](body)
     digest = hashlib.sha256(body).hexdigest()
@@ -155,9 +158,36 @@ def _index_reply(request: web.Request) -> web.Response:
     return response
 
 
+def _index_entries(request: web.Request) -> list[IndexEntry]:
+    """One entry per map, naming every model served with it and their dictionaries."""
+    entries: dict[str, IndexEntry] = {}
+    for model in request.app[SERVED_MODELS]:
+        published = model.published
+        entry = entries.get(published.digest, IndexEntry(published))
+        dictionaries = tuple((r.format, r.hash.removeprefix("sha256:"))
+                             for r in model.dictionaries.records)  # fmt: skip
+        entries[published.digest] = IndexEntry(
+            published,
+            entry.models + model.config.names,
+            tuple(dict.fromkeys(entry.dictionaries + dictionaries)),
+        )
+    return list(entries.values())
+
+
+def _index_reply(request: web.Request) -> web.Response:
+    origin, cache_control = _origin(request)
+    if origin is None:
+        return _not_found(request)
+    entries = _index_entries(request)
+    if request.app[SERVED_MODELS].listed_names is None:
+        # One model serving any name: no name to list (`default` is no name a client sends).
+        entries = [dataclasses.replace(entry, models=()) for entry in entries]
+    return _small_reply(request, index_body(origin, entries), cache_control)
+
+
 async def version_policy(request: web.Request) -> web.Response:
     """404 unless something is enforced (WKD: SHOULD NOT publish otherwise)."""
-    document = request.app[VERSION_POLICY].document()
+    document = config_of(request).version_policy.document()
     if document is None:
         return _not_found(request)
     return _document(document, _VERSION_POLICY_CACHE)
@@ -169,7 +199,7 @@ async def safety_policy(request: web.Request) -> web.Response:
     Only the exact paths of the loaded policy are served; nothing touches the filesystem, so
     no path can reach anything else.
     """
-    policy = request.app.get(SAFETY_POLICY)
+    policy = next(iter(config_of(request).safety_policies.values()), None)
     if policy is not None:
         if request.path == policy.id_path:
             return _document(policy.canonical, SHORT_CACHE_CONTROL, policy.sha256)
@@ -184,7 +214,7 @@ async def dictionary(request: web.Request) -> web.Response:
     hex_digest = name.removesuffix(".zstd")
     found = None
     if name.endswith(".zstd") and is_sha256_hex(hex_digest):
-        found = request.app[ZSTD_DICTIONARIES].by_hex(hex_digest)
+        found = request.app[SERVED_MODELS].dictionary(hex_digest)
     if found is None:
         return _not_found(request)
     return web.Response(
@@ -201,6 +231,13 @@ async def maps(request: web.Request) -> web.StreamResponse:
     if isinstance(target, IndexDocument):
         return _index_reply(request)
     if isinstance(target, MapById) and (published := store.by_id(target.map_id)) is not None:
+        if not is_pointed_to(published):
+            return await _map_reply(request, published, SHORT_CACHE_CONTROL)
+        origin, cache_control = _origin(request)
+        if origin is None:
+            return _not_found(request)
+        return _small_reply(request, pointer_body(origin, published), cache_control)
+    if isinstance(target, MapInline) and (published := store.by_id(target.map_id)) is not None:
         return await _map_reply(request, published, SHORT_CACHE_CONTROL)
     if (
         isinstance(target, MapByDigest)

@@ -12,7 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.server import create_app
+from proxy.server.drift import DriftMonitor
 from proxy.server.protocol import ProxyRunner
+from proxy.server.served_models import SERVED_MODELS, ServedModel
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream
@@ -77,8 +79,21 @@ def app_of(client: ProxyClient) -> web.Application:
     return app
 
 
+def default_model(client: ProxyClient | web.Application) -> ServedModel:
+    """The default model of a proxy (the only one of a single-model proxy)."""
+    app = client if isinstance(client, web.Application) else app_of(client)
+    return app[SERVED_MODELS].default
+
+
 @pytest.fixture
 async def connect() -> AsyncIterator[Connect]:
     """Raw HTTP/1.1 connections to a proxy (tests/server/raw_http.py), closed after the test."""
     async with connections() as connect:
         yield connect
+
+
+def drift_monitor(client: ProxyClient) -> DriftMonitor:
+    """The default model's drift monitor (the drift check is on)."""
+    monitor = default_model(client).drift
+    assert monitor is not None
+    return monitor

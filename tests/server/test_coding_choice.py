@@ -15,12 +15,12 @@ import pytest
 
 from proxy.core.http.content_coding import negotiate_coding
 from proxy.core.http.versioning import parse_client_version
-from proxy.server.keys import SETTINGS
+from proxy.server.live import LIVE
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.compression_support import FORMATS, decompress_whole
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import MakeProxy, ProxyClient
+from tests.server.conftest import MakeProxy, ProxyClient, app_of
 
 CAPTURE = load_capture("llamacpp-completions-sample.txt")
 EVERYTHING = "gzip, deflate, br, zstd"
@@ -80,7 +80,7 @@ async def test_a_codec_client_gets_the_smallest_coding_and_decodes_it(
         assert resp.status == 200
         response_headers = dict(resp.headers)
         wire = await resp.read()
-    settings = proxy.app[SETTINGS]
+    settings = app_of(proxy)[LIVE].current.settings
     expected = negotiate_coding(
         accept_encoding,
         stream_format=fmt,

@@ -22,7 +22,6 @@ from aiohttp import web
 from proxy.core.stream.chunks import parse_completion_chunk
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.wire.decoder import FrameDecoder
-from proxy.server.well_known import ZSTD_DICTIONARIES
 from proxy.tokenizers import LoadedTokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
@@ -33,7 +32,7 @@ from tests.compression_support import (
     incremental_decompressor,
 )
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import MakeProxy, ProxyClient
+from tests.server.conftest import MakeProxy, ProxyClient, default_model
 
 VARY = "Accept-Encoding, Codec-Client-Version"
 
@@ -162,7 +161,7 @@ async def decodable_by(
     """(IDs decodable before the deadline, all IDs). Reads and decodes as bytes arrive."""
     dictionary = None
     if coding == "zstd":
-        loaded = proxy.app[ZSTD_DICTIONARIES].for_format(fmt)
+        loaded = default_model(proxy).dictionaries.for_format(fmt)
         assert loaded is not None
         dictionary = loaded.data
     decompress = incremental_decompressor(coding, dictionary)
@@ -263,7 +262,7 @@ async def test_flush_frames_bounds_the_window(
 
 
 async def test_dictionaries_are_served_by_hash(proxy: ProxyClient) -> None:
-    records = proxy.app[ZSTD_DICTIONARIES].records
+    records = default_model(proxy).dictionaries.records
     assert [r.format for r in records] == ["msgpack", "protobuf"]
     for record in records:
         async with proxy.get(record.url) as resp:
@@ -348,7 +347,7 @@ async def test_dictionary_route_is_not_relayed(proxy: ProxyClient, upstream: Fak
 
 def test_app_key_holds_the_records_for_the_tokenizer_map(proxy: ProxyClient) -> None:
     app: web.Application = proxy.app
-    entries = [r.to_json() for r in app[ZSTD_DICTIONARIES].records]
+    entries = [r.to_json() for r in default_model(app).dictionaries.records]
     assert {tuple(sorted(e)) for e in entries} == {
         ("corpus_summary", "format", "hash", "size_bytes", "trained_at", "url")
     }

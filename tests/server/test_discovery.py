@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 import brotli
+import codecai
+import httpx
 import pytest
 from multidict import CIMultiDict
 
@@ -26,12 +28,11 @@ from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
 from proxy.server import create_app, well_known
-from proxy.server.well_known import TOKENIZER_MAP, ZSTD_DICTIONARIES
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream
-from tests.server.conftest import MakeProxy, ProxyClient, app_of
+from tests.server.conftest import MakeProxy, ProxyClient, default_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,7 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 
 
 def served(proxy: ProxyClient) -> PublishedMap:
-    return app_of(proxy)[TOKENIZER_MAP]
+    return default_model(proxy).published
 
 
 async def raw_get(
@@ -54,14 +55,16 @@ async def raw_get(
             return r.status, r.headers.copy(), await r.read()
 
 
-async def test_map_by_id_is_the_generated_map(
+async def test_the_inline_map_is_the_generated_map(
     proxy: ProxyClient, smollm2_vocabulary: Vocabulary
 ) -> None:
     published = served(proxy)
-    status, headers, body = await raw_get(proxy, f"/.well-known/codec/maps/{DEFAULT_ID}.json")
+    status, headers, body = await raw_get(
+        proxy, f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json"
+    )
     assert status == 200
     # The map declares the zstd dictionaries the proxy loaded (the shipped SmolLM2 ones).
-    records = app_of(proxy)[ZSTD_DICTIONARIES].records
+    records = default_model(proxy).dictionaries.records
     assert [r.format for r in records] == ["msgpack", "protobuf"]
     expected = publish(smollm2_vocabulary.loaded, DEFAULT_ID, records)
     assert body == published.body == expected.body
@@ -95,6 +98,14 @@ async def test_index_lists_the_map_with_an_absolute_url(proxy: ProxyClient) -> N
     assert headers["Cache-Control"].startswith("private")
     assert "Host" in headers["Vary"]
     origin = str(proxy.make_url("/")).rstrip("/")
+    dictionaries = [
+        {
+            "format": record.format,
+            "url": f"{origin}/.well-known/codec/dicts/{record.hash.removeprefix('sha256:')}.zstd",
+            "hash": record.hash,
+        }
+        for record in default_model(proxy).dictionaries.records
+    ]
     assert json.loads(body) == {
         "codec_version": "0.5",
         "maps": [
@@ -102,9 +113,33 @@ async def test_index_lists_the_map_with_an_absolute_url(proxy: ProxyClient) -> N
                 "id": DEFAULT_ID,
                 "url": f"{origin}/.well-known/codec/maps/sha256/{published.digest}.json",
                 "hash": published.hash,
+                # The shipped SmolLM2 dictionaries, fetchable where the index says.
+                "zstd_dictionaries": dictionaries,
             }
         ],
     }
+    for entry in dictionaries:
+        status, _, data = await raw_get(proxy, entry["url"].removeprefix(origin))
+        assert status == 200
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == entry["hash"]
+
+
+async def test_a_large_map_by_id_is_a_pointer_codecai_follows(proxy: ProxyClient) -> None:
+    # WELL_KNOWN_DISCOVERY.md prefers Form A above ~10 KB; SmolLM2's map is 1.4 MB.
+    published = served(proxy)
+    assert len(published.body) > 10 * 1024
+    status, headers, body = await raw_get(proxy, f"/.well-known/codec/maps/{DEFAULT_ID}.json")
+    assert status == 200
+    origin = str(proxy.make_url("/")).rstrip("/")
+    assert json.loads(body) == {
+        "id": DEFAULT_ID,
+        "url": f"{origin}/.well-known/codec/maps/sha256/{published.digest}.json",
+        "hash": published.hash,
+    }
+    assert headers["Cache-Control"].startswith("private")  # it names this request's Host
+    async with httpx.AsyncClient() as client:
+        discovered = await codecai.discover_map(origin=origin, id=DEFAULT_ID, client=client)
+    assert discovered.vocab_size == json.loads(published.body)["vocab_size"]
 
 
 async def test_a_configured_public_url_makes_the_index_shareable(make_proxy: MakeProxy) -> None:
@@ -130,11 +165,12 @@ def test_a_public_url_must_be_an_origin(url: str) -> None:
         public_origin(url)
 
 
-@pytest.mark.parametrize("kind", ["by-id", "sha256", "index"])
+@pytest.mark.parametrize("kind", ["inline", "pointer", "sha256", "index"])
 async def test_if_none_match_gives_304_with_the_same_headers(proxy: ProxyClient, kind: str) -> None:
     published = served(proxy)
     path = {
-        "by-id": f"/.well-known/codec/maps/{DEFAULT_ID}.json",
+        "inline": f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json",
+        "pointer": f"/.well-known/codec/maps/{DEFAULT_ID}.json",
         "sha256": f"/.well-known/codec/maps/sha256/{published.digest}.json",
         "index": "/.well-known/codec/index.json",
     }[kind]
@@ -162,7 +198,7 @@ async def test_codings_keep_the_identity_hash(
 ) -> None:
     published = served(proxy)
     for path in (
-        f"/.well-known/codec/maps/{DEFAULT_ID}.json",
+        f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json",
         f"/.well-known/codec/maps/sha256/{published.digest}.json",
         "/.well-known/codec/index.json",
     ):
@@ -177,7 +213,7 @@ async def test_codings_keep_the_identity_hash(
 
 
 async def test_head_has_the_get_headers_and_no_body(proxy: ProxyClient) -> None:
-    path = f"/.well-known/codec/maps/{DEFAULT_ID}.json"
+    path = f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json"
     _, get_headers, get_body = await raw_get(proxy, path, **{"Accept-Encoding": "gzip"})
     async with proxy.head(path, headers={"Accept-Encoding": "gzip"}) as resp:
         assert resp.status == 200
@@ -204,7 +240,7 @@ async def test_preflight_allows_codec_client_version(
 
 
 async def test_codec_client_version_changes_nothing(proxy: ProxyClient) -> None:
-    path = f"/.well-known/codec/maps/{DEFAULT_ID}.json"
+    path = f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json"
     _, _, plain = await raw_get(proxy, path)
     status, _, versioned = await raw_get(proxy, path, **{"Codec-Client-Version": "0.5"})
     assert (status, versioned) == (200, plain)
@@ -259,7 +295,9 @@ async def test_codec_streams_name_the_served_map(proxy: ProxyClient) -> None:
         header = resp.headers["Codec-Tokenizer-Map"]
     published = served(proxy)
     assert header == f"{DEFAULT_ID} sha256:{published.digest}"
-    status, _, body = await raw_get(proxy, f"/.well-known/codec/maps/{header.split()[0]}.json")
+    status, _, body = await raw_get(
+        proxy, f"/.well-known/codec/maps/inline/{header.split()[0]}.json"
+    )
     assert status == 200
     assert "sha256:" + hashlib.sha256(body).hexdigest() == header.split()[1]
 
@@ -274,11 +312,11 @@ async def test_json_pass_through_has_no_codec_header(proxy: ProxyClient) -> None
 async def test_a_configured_map_id(make_proxy: MakeProxy) -> None:
     proxy = await make_proxy(map_id="huggingfacetb/smollm2-135m")
     status, _, body = await raw_get(
-        proxy, "/.well-known/codec/maps/huggingfacetb/smollm2-135m.json"
+        proxy, "/.well-known/codec/maps/inline/huggingfacetb/smollm2-135m.json"
     )
     assert status == 200
     assert json.loads(body)["id"] == "huggingfacetb/smollm2-135m"
-    missing, _, _ = await raw_get(proxy, f"/.well-known/codec/maps/{DEFAULT_ID}.json")
+    missing, _, _ = await raw_get(proxy, f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json")
     assert missing == 404
 
 
@@ -296,14 +334,14 @@ async def test_injected_zstd_dictionaries_are_declared(
     dictionaries = ZstdDictionaries([LoadedZstdDictionary.build("protobuf", data)])
     app = create_app(settings, smollm2_vocabulary, dictionaries=dictionaries)
     proxy = await aiohttp_client(app)
-    status, _, body = await raw_get(proxy, f"/.well-known/codec/maps/{DEFAULT_ID}.json")
+    status, _, body = await raw_get(proxy, f"/.well-known/codec/maps/inline/{DEFAULT_ID}.json")
     assert status == 200
     declared = json.loads(body)["zstd_dictionaries"]
     assert declared == [dictionaries.records[0].to_json()]
     assert declared[0]["hash"] == "sha256:" + hashlib.sha256(data).hexdigest()
     assert schema_problems(json.loads(body)) == []
     empty = create_app(settings, smollm2_vocabulary, dictionaries=ZstdDictionaries())
-    assert app[TOKENIZER_MAP].digest != empty[TOKENIZER_MAP].digest
+    assert default_model(app).published.digest != default_model(empty).published.digest
 
 
 async def test_concurrent_first_requests_compress_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,7 +371,7 @@ async def test_a_map_as_tokenizer_is_served_byte_for_byte(
     app = create_app(replace(settings, tokenizer=path), vocabulary, dictionaries=ZstdDictionaries())
     proxy = await aiohttp_client(app)
     status, headers, body = await raw_get(
-        proxy, "/.well-known/codec/maps/huggingfacetb/smollm2.json"
+        proxy, "/.well-known/codec/maps/inline/huggingfacetb/smollm2.json"
     )
     assert status == 200
     assert body == original.body

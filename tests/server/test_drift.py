@@ -19,13 +19,17 @@ from aiohttp import web
 
 from proxy import assets
 from proxy.server import create_app
-from proxy.server.drift import DRIFT_MONITOR
-from proxy.server.local import READINESS
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import load_capture
-from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient, app_of
+from tests.server.conftest import (
+    AiohttpClient,
+    AiohttpServer,
+    ProxyClient,
+    default_model,
+    drift_monitor,
+)
 
 Dialect = Literal["llama.cpp", "vLLM", "none"]
 CODEC_BODY = {"prompt": "Hi", "max_tokens": 8, "stream_format": "msgpack"}
@@ -125,7 +129,7 @@ async def readyz(proxy: ProxyClient) -> tuple[int, dict[str, Any]]:
 
 
 def tokenizer_detail(proxy: ProxyClient) -> str:
-    check = app_of(proxy)[READINESS].get("tokenizer")
+    check = default_model(proxy).readiness.get("tokenizer")
     assert check is not None
     return check.detail
 
@@ -149,7 +153,7 @@ async def test_the_right_tokenizer_passes(
     detail = tokenizer_detail(proxy)
     assert f"on the {dialect} backend" in detail
     assert (await codec_status(proxy))[0] == 200
-    probes = len(app_of(proxy)[DRIFT_MONITOR].probes)
+    probes = len(drift_monitor(proxy).probes)
     assert probes >= 250
     field_name = "content" if dialect == "llama.cpp" else "prompt"
     # Every probe once, and the first once more to find the dialect.
@@ -207,7 +211,9 @@ async def test_a_vocab_size_difference_alone_refuses_codec(
     proxy = await proxy_for(TokenizingBackend(smollm2_tokenizer, n_vocab=49153))
     status, report = await readyz(proxy)
     assert status == 503
-    assert report["reasons"] == [{"check": "tokenizer", "reason": "tokenizer_mismatch"}]
+    assert report["reasons"] == [
+        {"check": "tokenizer", "reason": "tokenizer_mismatch", "model": "default"}
+    ]
     assert "vocab_size 49152 here, 49153 on the backend" in tokenizer_detail(proxy)
     assert (await codec_status(proxy))[0] == 503
 
@@ -217,7 +223,7 @@ async def test_no_tokenize_endpoint_warns_once_and_serves(
 ) -> None:
     caplog.set_level(logging.INFO, "codec_proxy")
     proxy = await proxy_for(TokenizingBackend(smollm2_tokenizer, "none"))
-    monitor = app_of(proxy)[DRIFT_MONITOR]
+    monitor = drift_monitor(proxy)
     assert await monitor.check()
     status, report = await readyz(proxy)
     assert status == 200
@@ -240,7 +246,7 @@ async def test_a_failing_backend_leaves_the_check_pending_then_recovers(
     assert (await codec_status(proxy))[0] == 200
     assert any("could not conclude" in r.getMessage() for r in caplog.records)
     backend.failing = False
-    assert await app_of(proxy)[DRIFT_MONITOR].check()
+    assert await drift_monitor(proxy).check()
     assert (await readyz(proxy))[0] == 200
 
 
@@ -249,7 +255,7 @@ async def test_a_backend_that_changes_tokenizer_is_caught_and_released(
 ) -> None:
     backend = TokenizingBackend(smollm2_tokenizer)
     proxy = await proxy_for(backend)
-    monitor = app_of(proxy)[DRIFT_MONITOR]
+    monitor = drift_monitor(proxy)
     assert (await codec_status(proxy))[0] == 200
     backend.tokenizer = gpt2_tokenizer
     assert await monitor.check()
@@ -265,7 +271,7 @@ async def test_the_check_repeats_on_its_interval(
 ) -> None:
     backend = TokenizingBackend(smollm2_tokenizer)
     proxy = await proxy_for(backend, drift_check_interval=0.2)
-    probes = len(app_of(proxy)[DRIFT_MONITOR].probes)
+    probes = len(drift_monitor(proxy).probes)
     for _ in range(100):
         if len(backend.tokenize_bodies) >= 2 * probes:
             break
@@ -301,7 +307,7 @@ async def test_a_round_failing_midway_stops_asking_and_keeps_the_verdict(
     caplog.set_level(logging.DEBUG, "codec_proxy")
     backend = TokenizingBackend(smollm2_tokenizer)
     proxy = await proxy_for(backend)
-    monitor = app_of(proxy)[DRIFT_MONITOR]
+    monitor = drift_monitor(proxy)
     backend.tokenize_bodies.clear()
     backend.paths.clear()
     backend.fail_after = 10

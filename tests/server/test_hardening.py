@@ -24,9 +24,8 @@ from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
 from proxy.server import generation
 from proxy.server.protocol import HALF_CLOSE_GRACE
-from proxy.server.upstream import UPSTREAM
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
-from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, app_of
+from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
 from tests.server.policy_support import write_policy
 
 SAMPLE = "llamacpp-completions-sample.txt"
@@ -136,7 +135,7 @@ async def test_upstream_that_dies_is_retried_elsewhere_and_ejected(
     async with proxy.get("/metrics") as resp:
         text = await resp.text()
     # Two refused connects ejected it; after that no request tried it any more.
-    assert 'codec_proxy_upstream_errors_total{kind="connect"} 2.0' in text
+    assert 'codec_proxy_upstream_errors_total{kind="connect",model="default"} 2.0' in text
     assert "codec_proxy_retries_total 2.0" in text
     assert "codec_proxy_upstream_ejections_total 1.0" in text
     async with proxy.get("/readyz") as resp:
@@ -266,7 +265,9 @@ async def test_errors_a_request_caused_never_eject(
         assert resp.status == 200
     text = await metrics_text(proxy)
     assert "codec_proxy_upstream_ejections_total 0.0" in text
-    assert 'codec_proxy_upstream_errors_total{kind="status_5xx"} 8.0' in text  # still counted
+    assert (
+        'codec_proxy_upstream_errors_total{kind="status_5xx",model="default"} 8.0' in text
+    )  # still counted
 
 
 @pytest.mark.parametrize("status", [502, 503, 504])
@@ -302,7 +303,7 @@ async def test_timeouts_eject_one_of_two(make_proxy: MakeProxy, make_upstream) -
     assert sorted(statuses) == [200] * 4 + [504] * 2
     assert (len(slow.requests), len(good.requests)) == (2, 4)
     text = await metrics_text(proxy)
-    assert 'codec_proxy_upstream_errors_total{kind="timeout"} 2.0' in text
+    assert 'codec_proxy_upstream_errors_total{kind="timeout",model="default"} 2.0' in text
     assert "codec_proxy_upstream_ejections_total 1.0" in text
 
 
@@ -341,7 +342,7 @@ async def test_connect_timeout_is_504_json(make_proxy: MakeProxy, blackhole: str
     proxy = await make_proxy(upstream=blackhole, connect_timeout=0.3, health_interval=60)
     # The start-up health check timed out too; put the upstream back to test a request.
     assert proxy.app is not None
-    pool = proxy.app[UPSTREAM]
+    pool = default_model(proxy).pool
     pool.balancer.checked(pool.balancer.upstreams[0], healthy=True)
     async with proxy.post("/v1/completions", json=codec_body()) as resp:
         assert resp.status == 504
@@ -358,7 +359,7 @@ async def test_upstream_failures_name_no_url_and_no_exception_text(
     # bodies go to any client: codes only; the URL and the exception text stay in the log.
     url = f"http://127.0.0.1:{unused_tcp_port}"
     proxy = await make_proxy(upstream=(url,), health_interval=60)
-    pool = app_of(proxy)[UPSTREAM]
+    pool = default_model(proxy).pool
     pool.balancer.checked(pool.balancer.upstreams[0], healthy=True)
     for payload in (codec_body(), {"prompt": "Hi"}):
         async with proxy.post("/v1/completions", json=payload) as resp:
@@ -513,8 +514,9 @@ async def test_client_leaving_after_the_whole_codec_stream_is_no_disconnect(
     await wait_for(lambda: upstream.outcomes == ["aborted"])  # the proxy stopped reading [DONE]
     async with proxy.get("/metrics") as resp:
         text = await resp.text()
-    assert 'codec_proxy_requests_total{mode="codec",route="/v1/completions",status="200"} 1.0' in (
-        text
+    assert (
+        'codec_proxy_requests_total{mode="codec",model="default",route="/v1/completions",'
+        'status="200"} 1.0' in text
     )
     assert "codec_proxy_client_disconnects_total{" not in text
     fields = [getattr(r, "fields", {}) for r in caplog.records]
@@ -571,8 +573,9 @@ async def test_slow_client_is_dropped_and_its_upstream_closed(
         text = await resp.text()
     assert 'codec_proxy_timeouts_total{kind="write"} 1.0' in text
     # Dropped by us, not gone by itself: the response stands as sent, marked slow_client.
-    assert f'codec_proxy_requests_total{{mode="{kind}",route="/v1/completions",status="200"}}' in (
-        text
+    assert (
+        f'codec_proxy_requests_total{{mode="{kind}",model="default",route="/v1/completions",status="200"}}'
+        in (text)
     )
     assert "codec_proxy_client_disconnects_total{" not in text
 
@@ -640,10 +643,18 @@ async def test_metrics_and_access_log(
     async with proxy.get("/metrics") as resp:
         text = await resp.text()
     for needle in (
-        'codec_proxy_requests_total{mode="codec",route="/v1/completions",status="200"} 1.0',
-        'codec_proxy_requests_total{mode="passthrough",route="/v1/completions",status="200"} 1.0',
-        'codec_proxy_tokens_total{format="protobuf"}',
-        f'codec_proxy_client_bytes_total{{encoding="{coding}",mode="codec"}}',
+        'codec_proxy_requests_total{mode="codec",model="default",route="/v1/completions",'
+        'status="200"} 1.0',
+        'codec_proxy_requests_total{mode="passthrough",model="default",route="/v1/completions",'
+        'status="200"} 1.0',
+        'codec_proxy_tokens_total{format="protobuf",model="default",token_source="retokenized"}',
+        f'codec_proxy_client_bytes_total{{encoding="{coding}",mode="codec",model="default"}}',
+        'codec_proxy_codec_requests_total{client_version="absent",encoding="'
+        + coding
+        + '",format="protobuf",model="default"} 1.0',
+        'codec_proxy_streams_total{end="complete",mode="codec",model="default"} 1.0',
+        'codec_proxy_streams_total{end="complete",mode="passthrough",model="default"} 1.0',
+        'codec_proxy_codec_bytes_saved_total{format="protobuf",model="default"}',
         "codec_proxy_time_to_first_token_seconds_bucket",
         "codec_proxy_overhead_seconds_bucket",
     ):
@@ -656,3 +667,4 @@ async def test_metrics_and_access_log(
     assert codec_line["tokens"] > 0
     assert codec_line["ttft"] > 0
     assert codec_line["outcome"] == "ok"
+    assert codec_line["model"] == "default"

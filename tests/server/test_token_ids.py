@@ -10,11 +10,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from proxy.server.models import MODELS
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import UPSTREAM_FIXTURES, FakeUpstream, Script, load_capture
-from tests.server.conftest import MakeProxy, ProxyClient, app_of
+from tests.server.conftest import MakeProxy, ProxyClient, default_model
 from tests.server.support import frames_of, ids_of, post
 
 ID_FIELDS = ("return_token_ids", "logprobs")
@@ -215,7 +214,7 @@ def sent_fields(upstream: FakeUpstream, index: int = -1) -> dict[str, object]:
 async def take_listing(proxy: ProxyClient) -> None:
     """The /v1/models lookup the drift check makes at start (tests/server/test_drift.py runs
     it; the fake here replays captures on /tokenize, so it is off)."""
-    await app_of(proxy)[MODELS].listing(fresh=True)
+    await default_model(proxy).listing.listing(fresh=True)
 
 
 @pytest.mark.parametrize(

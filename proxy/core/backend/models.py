@@ -13,6 +13,7 @@ Path B's `CodecRequest` names no model, so without `--model` the upstream's only
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -68,9 +69,26 @@ def only_model(models: tuple[ModelEntry, ...]) -> str:
 
 
 def find_model(models: tuple[ModelEntry, ...], name: str | None) -> ModelEntry | None:
-    """`name`'s entry, or with no name the only model; None when that is not one entry."""
-    matching = [m for m in models if name is None or m.id == name]
-    return matching[0] if len(matching) == 1 else None
+    """`name`'s entry, else the only model listed; None when that is not one entry.
+
+    A server that lists one model answers for it under any name (llama.cpp lists its GGUF's
+    path, whatever the proxy calls the model), so its one entry speaks for the name.
+    """
+    matching = [m for m in models if m.id == name]
+    if len(matching) == 1:
+        return matching[0]
+    return models[0] if len(models) == 1 else None
+
+
+def models_document(names: Sequence[str], *, created: int, owned_by: str) -> bytes:
+    """`GET /v1/models` in OpenAI's list shape: one entry per name a client may use."""
+    data = [{"id": n, "object": "model", "created": created, "owned_by": owned_by} for n in names]
+    return orjson.dumps({"object": "list", "data": data})
+
+
+def model_document(name: str, *, created: int, owned_by: str) -> bytes:
+    """`GET /v1/models/{name}`: the one entry."""
+    return orjson.dumps({"id": name, "object": "model", "created": created, "owned_by": owned_by})
 
 
 def _entry(item: dict[str, Any]) -> ModelEntry:

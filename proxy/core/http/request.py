@@ -7,14 +7,19 @@ JSON requests are only checked as far as routing needs; the backend validates th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from proxy.core.errors import BadRequest
 from proxy.core.http.json_body import parse_json_object, read_json_object
 from proxy.core.http.upstream_body import Endpoint, UpstreamRequest
 from proxy.core.wire.formats import JSON, check_stream_format
 from proxy.core.wire.prompt_ids import PromptLimits, item_types, outside_vocabulary
+
+# The prompt limits, or how to find them from the request's fields: they are the model's (its
+# vocabulary and context), and the model is named in the body being parsed.
+LimitsFor: TypeAlias = PromptLimits | Callable[[Mapping[str, Any]], PromptLimits]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +41,16 @@ class CompletionRequest:
         return UpstreamRequest(self.endpoint, fields)
 
 
-def parse_completion_request(raw: bytes, limits: PromptLimits) -> CompletionRequest:
+def parse_completion_request(raw: bytes, limits_for: LimitsFor) -> CompletionRequest:
     """Parse a `/v1/completions` body; `BadRequest` for what a Codec stream can't carry."""
     document = read_json_object(raw)
     body = document.value
     stream_format = check_stream_format(body.get("stream_format", JSON))
     request = CompletionRequest(body, stream_format)
+    limits: PromptLimits | None = None
     if request.is_codec:
+        # Known before a prompt ID is parsed: an unknown model is refused before that work.
+        limits = limits_for if isinstance(limits_for, PromptLimits) else limits_for(body)
         _check_sampling(body, stream_format)
         _optional(body, "best_of", int, must_be_one=stream_format)
         if _optional(body, "echo", bool):
@@ -54,7 +62,7 @@ def parse_completion_request(raw: bytes, limits: PromptLimits) -> CompletionRequ
             # Counted from the body's bytes: too many IDs are refused before any is parsed.
             limits.check_count(pending.count)
     document.complete()
-    if request.is_codec:
+    if limits is not None and request.is_codec:
         check_prompt(body.get("prompt"), limits, stream_format)
     return request
 

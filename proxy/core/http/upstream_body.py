@@ -72,11 +72,18 @@ class UpstreamRequest:
         return fields
 
     def body(
-        self, *, model: str | None, ask_for_ids: bool, backend: BackendKind | None = None
+        self,
+        *,
+        model: str | None,
+        ask_for_ids: bool,
+        backend: BackendKind | None = None,
+        rename: bool = False,
     ) -> bytes:
+        """The upstream body: `model` when the request names none, or always with `rename`
+        (the upstream knows the model by another name than the client uses)."""
         body = dict(self.fields)
         body["stream"] = True
-        if model is not None and not self.has_model:
+        if model is not None and (rename or not self.has_model):
             body["model"] = model
         if ask_for_ids:
             for name in PROBABILITY_FIELDS:

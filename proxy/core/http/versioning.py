@@ -135,3 +135,15 @@ def finish_reason_for(client: ClientVersion, reason: str) -> str:
     if floor is None or client >= floor[0]:
         return reason
     return floor[1]
+
+
+# The published Codec versions (codec-spec.md §0): metric labels take only these, `absent` and
+# `other`, so a client sending `Codec-Client-Version: 9.99` cannot add a series.
+KNOWN_VERSIONS = frozenset(ClientVersion(0, minor) for minor in range(1, 6))
+
+
+def version_label(parsed: ParsedClientVersion) -> str:
+    """The bounded metric value for a request's `Codec-Client-Version`."""
+    if parsed.source == "absent":
+        return "absent"
+    return str(parsed.version) if parsed.version in KNOWN_VERSIONS else "other"

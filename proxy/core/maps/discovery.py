@@ -1,8 +1,11 @@
 """`/.well-known/codec/` discovery, sans IO: which document a raw path names, the index
 document, and the caching, CORS and content-coding decisions for a reply.
 
-Paths (codec-spec.md §3.5): `maps/<id>.json` (an inline map, Form B), `maps/sha256/<hex>.json`
-(content-addressed, the I-D's SHOULD), `index.json` (`{codec_version, maps: [{id, url, hash}]}`).
+Paths (codec-spec.md §3.5): `maps/<id>.json` (the map inline, Form B, or for a map above
+`POINTER_ABOVE_BYTES` a Form A pointer `{id, url, hash}` to its content-addressed copy, as the
+discovery convention prefers for maps over ~10 KB), `maps/inline/<id>.json` (always inline),
+`maps/sha256/<hex>.json` (content-addressed, the I-D's SHOULD), `index.json`
+(`{codec_version, maps: [{id, url, hash, models, zstd_dictionaries}]}`).
 
 The path is read raw, as the client sent it: a valid id never needs percent-encoding, so any
 `%` (an encoded `/`, `.` or anything else) names nothing, and neither does an id that fails
@@ -21,11 +24,15 @@ import orjson
 
 from proxy.core.errors import ConfigError
 from proxy.core.http.content_coding import parse_accept_encoding, weight
-from proxy.core.maps.ids import CONTENT_ADDRESSED_PREFIX, map_id_problem
+from proxy.core.maps.ids import CONTENT_ADDRESSED_PREFIX, INLINE_PREFIX, map_id_problem
 from proxy.core.maps.tokenizer_map import PublishedMap
 
 WELL_KNOWN_PREFIX = "/.well-known/codec/"
 MAPS_PREFIX = "maps/"
+# WELL_KNOWN_DISCOVERY.md: "Maintainers SHOULD prefer Form A for any map larger than ~10 KB".
+# Every real vocabulary is (SmolLM2's map is 1.4 MB), so `maps/<id>.json` is a pointer for them.
+POINTER_ABOVE_BYTES = 10 * 1024
+DICTS_PATH = WELL_KNOWN_PREFIX + "dicts/"
 # The Codec version whose discovery layout the index describes (v0.5, the current spec).
 INDEX_CODEC_VERSION = "0.5"
 
@@ -68,11 +75,16 @@ class MapById:
 
 
 @dataclass(frozen=True)
+class MapInline:
+    map_id: str
+
+
+@dataclass(frozen=True)
 class MapByDigest:
     digest: str
 
 
-DiscoveryTarget = IndexDocument | MapById | MapByDigest
+DiscoveryTarget = IndexDocument | MapById | MapInline | MapByDigest
 
 
 def discovery_target(raw_path: str) -> DiscoveryTarget | None:
@@ -89,6 +101,9 @@ def discovery_target(raw_path: str) -> DiscoveryTarget | None:
     if name.startswith(CONTENT_ADDRESSED_PREFIX):
         digest = name[len(CONTENT_ADDRESSED_PREFIX) :]
         return MapByDigest(digest) if _DIGEST.fullmatch(digest) else None
+    if name.startswith(INLINE_PREFIX):
+        map_id = name[len(INLINE_PREFIX) :]
+        return MapInline(map_id) if map_id_problem(map_id) is None else None
     return MapById(name) if map_id_problem(name) is None else None
 
 
@@ -118,16 +133,63 @@ def public_origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def index_body(origin: str, maps: Sequence[PublishedMap]) -> bytes:
+def is_pointed_to(published: PublishedMap) -> bool:
+    """Whether `maps/<id>.json` answers with a pointer rather than the map inline."""
+    return len(published.body) > POINTER_ABOVE_BYTES
+
+
+def pointer_body(origin: str, published: PublishedMap) -> bytes:
+    """The Form A pointer for `maps/<id>.json`: the content-addressed copy and its hash.
+
+    Pointers must not chain (WELL_KNOWN_DISCOVERY.md): the URL is the map itself, and its
+    `hash` is over exactly the bytes served there.
+    """
+    document = {
+        "id": published.id,
+        "url": origin + content_addressed_path(published),
+        "hash": published.hash,
+    }
+    return orjson.dumps(document, option=orjson.OPT_APPEND_NEWLINE)
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One map in `index.json`: the models it serves and their zstd dictionaries."""
+
+    published: PublishedMap
+    models: tuple[str, ...] = ()
+    # (wire format, 64-hex sha256) of each dictionary the models compress with.
+    dictionaries: tuple[tuple[str, str], ...] = ()
+
+
+def index_body(origin: str, entries: Sequence[IndexEntry | PublishedMap]) -> bytes:
     """`index.json` for clients of `origin` (scheme://host[:port]): one pointer per map.
 
     Each `url` is the content-addressed document, so a pointer never goes stale while its
-    `hash` holds; codecai requires an absolute http(s) URL (interop.md §1.6).
+    `hash` holds; codecai requires an absolute http(s) URL (interop.md §1.6). Beside the
+    pointer fields, which clients read, each entry names the models served with the map
+    (`models`, the names requests use) and their dictionaries (`zstd_dictionaries`, as in the
+    map); pointer readers ignore both.
     """
-    entries = [
-        {"id": m.id, "url": origin + content_addressed_path(m), "hash": m.hash} for m in maps
-    ]
-    document = {"codec_version": INDEX_CODEC_VERSION, "maps": entries}
+    documents = []
+    for entry in entries:
+        if isinstance(entry, PublishedMap):
+            entry = IndexEntry(entry)
+        m = entry.published
+        document: dict[str, object] = {
+            "id": m.id,
+            "url": origin + content_addressed_path(m),
+            "hash": m.hash,
+        }
+        if entry.models:
+            document["models"] = list(entry.models)
+        if entry.dictionaries:
+            document["zstd_dictionaries"] = [
+                {"format": fmt, "url": f"{origin}{DICTS_PATH}{hex_}.zstd", "hash": f"sha256:{hex_}"}
+                for fmt, hex_ in entry.dictionaries
+            ]
+        documents.append(document)
+    document = {"codec_version": INDEX_CODEC_VERSION, "maps": documents}
     return orjson.dumps(document, option=orjson.OPT_APPEND_NEWLINE)
 
 

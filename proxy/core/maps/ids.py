@@ -17,6 +17,9 @@ _ID_CHARS = re.compile(r"[a-z0-9._/-]+")
 _NOT_ID_CHARS = re.compile(r"[^a-z0-9._-]+")
 # Content-addressed maps live at maps/sha256/<hex>.json, so no id may claim that subtree.
 CONTENT_ADDRESSED_PREFIX = "sha256/"
+# `maps/inline/<id>.json`: a map inline at a path that stays put while its contents change,
+# beside the pointer `maps/<id>.json` serves for a large map (proxy/core/maps/discovery.py).
+INLINE_PREFIX = "inline/"
 FALLBACK_MAP_ID = "model"
 
 
@@ -29,6 +32,8 @@ def map_id_problem(map_id: str) -> str | None:
         return "must not contain '..', empty or '.' segments, or a leading or trailing '/'"
     if map_id.startswith(CONTENT_ADDRESSED_PREFIX):
         return f"must not start with {CONTENT_ADDRESSED_PREFIX!r} (the content-addressed maps)"
+    if map_id.startswith(INLINE_PREFIX):
+        return f"must not start with {INLINE_PREFIX!r} (the inline form of large maps)"
     return None
 
 

@@ -1,0 +1,71 @@
+"""Which configured model a request is for: by the name it gives, its aliases, or the default.
+
+Routing happens before any upstream contact, so a name no model answers to costs no backend
+anything: 404 `model_not_found` in OpenAI's error shape, which OpenAI clients already handle.
+One model configured with `upstream`/`tokenizer` and no `model` name serves any name, as the
+proxy did before it served several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from proxy.core.errors import BadRequest, ConfigError, NotFound
+
+# Metric and log values for requests that name no configured model (never the raw name: it is
+# client input, and labels must stay a bounded set).
+NO_MODEL: Final = "none"
+UNKNOWN_MODEL: Final = "unknown"
+
+
+@dataclass(frozen=True)
+class ModelRoutes:
+    """Every name clients may use, mapped to the model that answers to it."""
+
+    names: Mapping[str, str]
+    default: str
+    any_name: bool = False
+
+    @classmethod
+    def build(
+        cls, models: Iterable[tuple[str, Iterable[str]]], *, any_name: bool = False
+    ) -> ModelRoutes:
+        """From (model, names it answers to) pairs, the default model first."""
+        names: dict[str, str] = {}
+        default: str | None = None
+        for model, aliases in models:
+            default = default or model
+            for name in aliases:
+                if names.setdefault(name, model) != model:
+                    raise ConfigError(
+                        f"model {model!r}: the name {name!r} is also {names[name]!r}'s"
+                    )
+        if default is None:
+            raise ConfigError("no model is configured")
+        return cls(names, default, any_name)
+
+    def route(self, requested: object) -> str:
+        """The model for a request's `model` value (None: it names none)."""
+        if requested is None or self.any_name:
+            return self.default
+        if not isinstance(requested, str):
+            raise BadRequest("model must be a string", code="invalid_type", param="model")
+        model = self.names.get(requested)
+        if model is None:
+            raise NotFound(
+                f"The model {requested!r} does not exist (GET /v1/models lists the models "
+                "served here)",
+                code="model_not_found",
+                param="model",
+                public=True,
+            )
+        return model
+
+    def label(self, requested: object) -> str:
+        """The bounded metric value for `requested`: its model, or `unknown`."""
+        try:
+            return self.route(requested)
+        except BadRequest:
+            return UNKNOWN_MODEL
