@@ -67,7 +67,7 @@ def load_dictionaries(
         fmt, path = parse_dict_option(option)
         if fmt in overrides:
             raise DictionaryError(f"--zstd-dict given twice for format {fmt!r}")
-        overrides[fmt] = _load_explicit(fmt, path, manifest)
+        overrides[fmt] = _load_explicit(fmt, path, manifest, vocabulary_sha256)
     chosen.update(overrides)
     return ZstdDictionaries(chosen.values())
 
@@ -103,8 +103,12 @@ def _load_entry(path: Path, entry: ManifestEntry) -> LoadedZstdDictionary:
     )
 
 
-def _load_explicit(fmt: str, path: Path, manifest: Path | None) -> LoadedZstdDictionary:
-    """A `--zstd-dict` file: verified by the manifest that lists it, if any does."""
+def _load_explicit(
+    fmt: str, path: Path, manifest: Path | None, vocabulary_sha256: str | None
+) -> LoadedZstdDictionary:
+    """A `--zstd-dict` file: verified by the manifest that lists it, if any does; one that a
+    manifest says was trained for another tokenizer is refused (it was asked for by name, so
+    skipping it would silently serve something else)."""
     resolved = path.resolve()
     for candidate in _manifests_for(path, manifest):
         for entry in read_manifest(candidate):
@@ -113,6 +117,12 @@ def _load_explicit(fmt: str, path: Path, manifest: Path | None) -> LoadedZstdDic
                     raise DictionaryError(
                         f"--zstd-dict {fmt}={path}: the manifest {candidate} lists it as a "
                         f"{entry.format} dictionary"
+                    )
+                trained_for = entry.extra.get("vocabulary_sha256")
+                if vocabulary_sha256 is not None and trained_for not in (None, vocabulary_sha256):
+                    raise DictionaryError(
+                        f"zstd dictionary {path} was trained for another tokenizer (vocabulary "
+                        f"sha256 {trained_for}, this model's is {vocabulary_sha256})"
                     )
                 return _load_entry(path, entry)
     log.info("zstd dictionary %s is in no manifest; serving it by its own sha256", path)

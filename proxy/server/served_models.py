@@ -22,9 +22,9 @@ from aiohttp import web
 
 from proxy.core.backend.drift import DriftState, DriftVerdict
 from proxy.core.backend.readiness import Readiness
-from proxy.core.backend.routing import NO_MODEL, ModelRoutes
+from proxy.core.backend.routing import NO_MODEL, UNKNOWN_MODEL, ModelRoutes
 from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries
-from proxy.core.errors import ConfigError
+from proxy.core.errors import BadRequest, ConfigError
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
@@ -190,13 +190,18 @@ MODEL = web.RequestKey("model", ServedModel)
 
 def route_request(request: web.Request, requested: object) -> ServedModel:
     """Route `request` by the model it names (None: none), once; later calls keep the first."""
-    model = request.get(MODEL)
-    if model is None:
+    if MODEL in request:
+        return request[MODEL]
+    record = request.get(RECORD)
+    try:
         model = request.app[SERVED_MODELS].route(requested)
-        request[MODEL] = model
-        record = request.get(RECORD)
+    except BadRequest:
         if record is not None:
-            record.model = model.name
+            record.model = UNKNOWN_MODEL  # never the name the client sent: labels stay bounded
+        raise
+    request[MODEL] = model
+    if record is not None:
+        record.model = model.name
     return model
 
 
