@@ -89,9 +89,11 @@ class Target:
 TARGETS = (
     Target("kustomize/standalone", "standalone", tokenizer_in_image=True),
     Target("kustomize/sidecar", "sidecar"),
+    Target("kustomize/multi-model", "standalone"),
     Target("helm/defaults", "standalone"),
     Target("helm/standalone", "standalone"),
     Target("helm/sidecar", "sidecar"),
+    Target("helm/multimodel", "standalone"),
 )
 
 

@@ -15,7 +15,7 @@ import yaml
 
 import proxy
 from deploy import helm_schema
-from proxy.settings import Settings
+from proxy.settings import ModelSettings, Settings
 from tests.deploy.rendering import (
     CHART,
     KUBE_VERSION,
@@ -26,7 +26,8 @@ from tests.deploy.rendering import (
     proxy_pod,
 )
 
-VALUES = (None, "standalone", "sidecar")  # None: the chart's defaults
+VALUES = (None, "standalone", "sidecar", "multimodel")  # None: the chart's defaults
+VALUE_IDS = ["defaults", "standalone", "sidecar", "multimodel"]
 
 
 def values_args(name: str | None) -> list[str | Path]:
@@ -51,7 +52,7 @@ def any_helm(request: pytest.FixtureRequest, helm: Path, helm3: Path) -> Path:
     return helm if request.param == "helm4" else helm3
 
 
-@pytest.mark.parametrize("values", VALUES, ids=["defaults", "standalone", "sidecar"])
+@pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
 def test_helm_lint_strict(any_helm: Path, values: str | None) -> None:
     result = subprocess.run(
         [str(any_helm), "lint", str(CHART), "--strict", *map(str, values_args(values))],
@@ -61,9 +62,13 @@ def test_helm_lint_strict(any_helm: Path, values: str | None) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
+    # Lint does not stop at a template's `fail`: helm 3 logs "Fail: ...", helm 4 "funcMap fail".
+    output = result.stdout + result.stderr
+    assert "Fail:" not in output, output
+    assert "funcMap fail" not in output, output
 
 
-@pytest.mark.parametrize("values", VALUES, ids=["defaults", "standalone", "sidecar"])
+@pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
 def test_helm3_and_helm4_render_the_same(helm: Path, helm3: Path, values: str | None) -> None:
     rendered = helm_template(helm, *values_args(values))
     assert rendered == helm_template(helm3, *values_args(values))
@@ -74,8 +79,13 @@ def test_the_schema_lists_every_setting_the_chart_does_not_set() -> None:
     schema = json.loads(helm_schema.SCHEMA.read_text())
     config = schema["properties"]["config"]["properties"]
     names = [f.name for f in dataclasses.fields(Settings)]
-    assert sorted(config) == sorted(set(names) - set(helm_schema.MANAGED))
+    secret = helm_schema.secret_settings()
+    assert sorted(config) == sorted(set(names) - set(helm_schema.MANAGED) - set(secret))
     assert set(helm_schema.MANAGED) <= set(names)
+    # A `models` entry takes every key of the config file's entries.
+    entry = schema["properties"]["models"]["items"]
+    assert list(entry["properties"]) == [f.name for f in dataclasses.fields(ModelSettings)]
+    assert entry["required"] == ["name", "upstreams", "tokenizer"]
     version = typing.get_type_hints(Settings)["version_policy"]
     assert typing.get_origin(version) is Literal
     assert schema["properties"]["policy"]["properties"]["version"]["enum"] == list(
@@ -97,7 +107,8 @@ def example(name: str) -> Any:
     if isinstance(value, bool):
         return not value
     if isinstance(value, int | float):
-        return value + 1
+        maximum = field.metadata["option"].maximum
+        return value + 1 if maximum is None or value + 1 <= maximum else maximum
     if int in typing.get_args(kind):
         return 4096  # an optional integer (max_prompt_ids)
     if name == "health_path":
@@ -108,7 +119,8 @@ def example(name: str) -> Any:
 
 
 def test_every_other_setting_reaches_the_config_file(helm: Path) -> None:
-    names = [f.name for f in dataclasses.fields(Settings) if f.name not in helm_schema.MANAGED]
+    skipped = {*helm_schema.MANAGED, *helm_schema.secret_settings()}
+    names = [f.name for f in dataclasses.fields(Settings) if f.name not in skipped]
     wanted = {name: example(name) for name in names}
     docs = helm_template(helm, "--set-json", f"config={json.dumps(wanted)}")
     settings = effective_settings(docs).settings
@@ -126,6 +138,15 @@ def test_settings_the_chart_sets_are_refused_under_config(helm: Path, name: str)
     assert "config" in helm_fails(helm, "--set-json", f"config={value}")
     message = helm_fails(helm, "--set-json", f"config={value}", "--skip-schema-validation")
     assert f"config.{name} is set by the chart" in message
+
+
+@pytest.mark.parametrize("name", helm_schema.secret_settings())
+def test_secrets_are_refused_under_config(helm: Path, name: str) -> None:
+    value = json.dumps({name: ["k"]})
+    assert "config" in helm_fails(helm, "--set-json", f"config={value}")
+    message = helm_fails(helm, "--set-json", f"config={value}", "--skip-schema-validation")
+    assert f"config.{name} is a secret" in message
+    assert f"CODEC_PROXY_{name.upper()}" in message
 
 
 @pytest.mark.parametrize(

@@ -65,20 +65,22 @@ def test_the_config_file_passes_the_proxys_loader(target: Target, docs: list[Doc
     effective = effective_settings(docs)  # raises ConfigError on any unknown or bad key
     settings = effective.settings
     assert ip_address(settings.host).is_unspecified, "the proxy must listen on the pod's IP"
-    # The tokenizer is provided: on a volume mounted into the container, or in the image.
+    # Every model's tokenizer is provided: on a volume mounted into the container, or in the
+    # image.
     pod = proxy_pod(docs)
-    mount = pod.mount_for(pod.container(), str(settings.tokenizer))
-    if target.tokenizer_in_image:
-        assert mount is None
-    else:
-        assert mount is not None, f"tokenizer {settings.tokenizer} is on no volume"
-        assert mount.get("readOnly") is True
+    for model in settings.model_list():
+        mount = pod.mount_for(pod.container(), str(model.tokenizer))
+        if target.tokenizer_in_image:
+            assert mount is None
+        else:
+            assert mount is not None, f"{model.name}: tokenizer {model.tokenizer} is on no volume"
+            assert mount.get("readOnly") is True
 
 
 def test_upstream_is_the_pods_engine_or_a_cluster_service(target: Target, docs: list[Doc]) -> None:
     settings = effective_settings(docs).settings
     pod = proxy_pod(docs)
-    hosts = [urlsplit(url) for url in settings.upstream]
+    hosts = [urlsplit(url) for model in settings.model_list() for url in model.upstreams]
     if target.mode == "sidecar":
         (url,) = hosts
         assert url.hostname == "127.0.0.1"

@@ -39,48 +39,207 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "codec-proxy.safetyDir" -}}/etc/codec-proxy/safety{{- end -}}
 {{- define "codec-proxy.apiKeysDir" -}}/etc/codec-proxy/api-keys{{- end -}}
 
-{{- define "codec-proxy.tokenizerPath" -}}
-{{- $t := .Values.tokenizer -}}
-{{- if eq $t.source "image" -}}
-{{- if not (hasPrefix "/" $t.path) -}}
-{{- fail "tokenizer.path: an absolute path inside the image when tokenizer.source is image" -}}
+{{/* Where one tokenizer comes from, as JSON: `path` (the `tokenizer` setting), `mount` (the
+     container's volumeMount; none for a file in the image), `volume` (the pod volume the chart
+     adds; none for the image or an existing volume) and `existingVolume` (to be checked
+     against the pod's volumes). Called with a dict: t (the tokenizer values), where (their
+     values path, for messages), volumeName, mountPath (used when t has none). */}}
+{{- define "codec-proxy.tokenizerSource" -}}
+{{- $t := .t -}}
+{{- $where := .where -}}
+{{- $source := $t.source | default "volume" -}}
+{{- $r := dict -}}
+{{- if eq $source "image" -}}
+{{- if not (hasPrefix "/" ($t.path | default "")) -}}
+{{- fail (printf "%s.path: an absolute path inside the image when %s.source is image" $where $where) -}}
 {{- end -}}
-{{- $t.path -}}
-{{- else if eq $t.source "configMap" -}}
-{{- if not $t.configMap.name -}}
-{{- fail "tokenizer.configMap.name: the ConfigMap holding the tokenizer" -}}
-{{- end -}}
-{{- printf "%s/%s" (trimSuffix "/" $t.mountPath) $t.configMap.key -}}
-{{- else if $t.path -}}
-{{- printf "%s/%s" (trimSuffix "/" $t.mountPath) (trimPrefix "/" $t.path) -}}
+{{- $_ := set $r "path" $t.path -}}
 {{- else -}}
-{{- $t.mountPath -}}
+{{- $mountPath := $t.mountPath | default .mountPath -}}
+{{- $mount := dict "name" .volumeName "mountPath" $mountPath "readOnly" true -}}
+{{- if eq $source "configMap" -}}
+{{- $cm := $t.configMap | default dict -}}
+{{- if not $cm.name -}}
+{{- fail (printf "%s.configMap.name: the ConfigMap holding the tokenizer" $where) -}}
 {{- end -}}
+{{- $key := $cm.key | default "tokenizer.json" -}}
+{{- $items := list (dict "key" $key "path" $key) -}}
+{{- $_ := set $r "volume" (dict "name" .volumeName "configMap" (dict "name" $cm.name "items" $items)) -}}
+{{- $_ := set $r "path" (printf "%s/%s" (trimSuffix "/" $mountPath) $key) -}}
+{{- else -}}
+{{- if $t.existingVolume -}}
+{{- /* A volume the pod has anyway: the engine's in sidecar mode, or one of extraVolumes
+       that several models share, each mounting its own subPath. */ -}}
+{{- $_ := set $mount "name" $t.existingVolume -}}
+{{- $_ := set $r "existingVolume" $t.existingVolume -}}
+{{- else if not $t.volume -}}
+{{- fail (printf "%s.volume: a volume source holding the tokenizer (or %s.existingVolume)" $where $where) -}}
+{{- else -}}
+{{- $_ := set $r "volume" (merge (dict "name" .volumeName) (deepCopy $t.volume)) -}}
+{{- end -}}
+{{- with $t.subPath }}{{ $_ := set $mount "subPath" . }}{{ end -}}
+{{- if $t.path -}}
+{{- $_ := set $r "path" (printf "%s/%s" (trimSuffix "/" $mountPath) (trimPrefix "/" $t.path)) -}}
+{{- else -}}
+{{- $_ := set $r "path" $mountPath -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $r "mount" $mount -}}
+{{- end -}}
+{{- toJson $r -}}
+{{- end -}}
+
+{{/* Every tokenizer the proxy loads, as a JSON list of tokenizerSource results: the one of
+     `tokenizer`, or one per entry of `models`, in their order. */}}
+{{- define "codec-proxy.tokenizers" -}}
+{{- /* The list first: a clash of names says more than the clash of mounts it causes. */ -}}
+{{- include "codec-proxy.checkModels" . -}}
+{{- $all := list -}}
+{{- if .Values.models -}}
+{{- range $i, $m := .Values.models -}}
+{{- $where := printf "models[%d].tokenizer" $i -}}
+{{- if not $m.tokenizer -}}
+{{- fail (printf "%s: where model %s's tokenizer comes from (source: volume, configMap or image)" $where ($m.name | default "")) -}}
+{{- end -}}
+{{- $mountPath := "" -}}
+{{- if and (ne ($m.tokenizer.source | default "volume") "image") (not $m.tokenizer.mountPath) -}}
+{{- /* The name becomes a directory: only names that are one (or a few, with "/") as they
+       are, so that no ".." or odd character ends up in a path. */ -}}
+{{- if not (regexMatch "^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$" (toString $m.name)) -}}
+{{- fail (printf "%s.mountPath: the name %q is no directory name; give this model a mountPath" $where (toString $m.name)) -}}
+{{- end -}}
+{{- $mountPath = printf "/models/%s" $m.name -}}
+{{- end -}}
+{{- $args := dict "t" $m.tokenizer "where" $where "volumeName" (printf "codec-proxy-tokenizer-%d" $i) "mountPath" $mountPath -}}
+{{- $all = append $all (include "codec-proxy.tokenizerSource" $args | fromJson) -}}
+{{- end -}}
+{{- else -}}
+{{- if not .Values.tokenizer -}}
+{{- fail "tokenizer: where the model's tokenizer comes from (or a models list)" -}}
+{{- end -}}
+{{- $args := dict "t" .Values.tokenizer "where" "tokenizer" "volumeName" "codec-proxy-tokenizer" "mountPath" "/models" -}}
+{{- $all = append $all (include "codec-proxy.tokenizerSource" $args | fromJson) -}}
+{{- end -}}
+{{- $paths := list -}}
+{{- range $all -}}
+{{- with .mount -}}
+{{- if has .mountPath $paths -}}
+{{- fail (printf "models: two tokenizers are mounted at %s; give one a mountPath of its own" .mountPath) -}}
+{{- end -}}
+{{- $paths = append $paths .mountPath -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $all -}}
 {{- end -}}
 
 {{/* Settings the chart sets from its own values; `config` may not repeat them. */}}
 {{- define "codec-proxy.managedSettings" -}}
-{{- list "upstream" "tokenizer" "host" "port" "drain_timeout" "version_policy" "deployment_id" "docs_url" "safety_policy" "enforce_safety_policy" "api_key" "api_key_file" | toJson -}}
+{{- list "upstream" "tokenizer" "models" "default_model" "host" "port" "drain_timeout" "version_policy" "deployment_id" "docs_url" "safety_policy" "enforce_safety_policy" "api_key" "api_key_file" | toJson -}}
+{{- end -}}
+
+{{/* Secret settings: a ConfigMap is readable by anyone who may read the namespace's
+     ConfigMaps, so `config` refuses them (deploy/helm_schema.py leaves them out too). */}}
+{{- define "codec-proxy.secretSettings" -}}
+{{- list "codec_allow_keys" "codec_deny_keys" | toJson -}}
+{{- end -}}
+
+{{/* The single-model values as values.yaml has them. Beside `models` they must stay so (or
+     be null): anything else means the values ask for two things at once. A copy, since no
+     template can read values.yaml; tests/deploy compares the two. */}}
+{{- define "codec-proxy.singleModelDefaults" -}}
+upstream:
+  - http://vllm.inference.svc.cluster.local:8000
+tokenizer:
+  source: volume
+  mountPath: /models
+  path: ""
+  subPath: ""
+  volume:
+    persistentVolumeClaim:
+      claimName: model-files
+      readOnly: true
+  existingVolume: ""
+  configMap:
+    name: ""
+    key: tokenizer.json
+{{- end -}}
+
+{{/* The `models` values: refused beside single-model values, and checked here so that a bad
+     list fails `helm install` rather than the pods. */}}
+{{- define "codec-proxy.checkModels" -}}
+{{- if .Values.models -}}
+{{- $defaults := include "codec-proxy.singleModelDefaults" . | fromYaml -}}
+{{- /* Sidecar mode never reads `upstream`: the engine is on the loopback. */ -}}
+{{- if and .Values.upstream (ne (toJson .Values.upstream) (toJson $defaults.upstream)) (not (include "codec-proxy.sidecar" .)) -}}
+{{- fail "models and upstream are both set: with models, each entry names its own upstreams; leave upstream at its default (or null)" -}}
+{{- end -}}
+{{- if and .Values.tokenizer (ne (toJson .Values.tokenizer) (toJson $defaults.tokenizer)) -}}
+{{- fail "models and tokenizer are both set: with models, each entry has its own tokenizer; leave tokenizer at its default (or null)" -}}
+{{- end -}}
+{{- range $key := list "model" "map_id" "zstd_dicts" -}}
+{{- if hasKey ($.Values.config | default dict) $key -}}
+{{- fail (printf "config.%s is per model when models is set: put it in the model's entry" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $names := list -}}
+{{- range $i, $m := .Values.models -}}
+{{- if not $m.name -}}
+{{- fail (printf "models[%d].name: the model's name as clients send it in `model`" $i) -}}
+{{- end -}}
+{{- if not $m.upstreams -}}
+{{- fail (printf "models[%d].upstreams: model %s's inference Service URL(s)" $i $m.name) -}}
+{{- end -}}
+{{- range $name := concat (list $m.name) ($m.aliases | default list) -}}
+{{- if has $name $names -}}
+{{- fail (printf "models[%d]: the name %s is taken by another model" $i $name) -}}
+{{- end -}}
+{{- $names = append $names $name -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.defaultModel (not (has .Values.defaultModel $names)) -}}
+{{- fail (printf "defaultModel: %s is no name of a listed model" .Values.defaultModel) -}}
+{{- end -}}
+{{- else if .Values.defaultModel -}}
+{{- fail "defaultModel needs a models list" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The proxy's config file: every key is a setting of proxy/settings.py. */}}
 {{- define "codec-proxy.settings" -}}
 {{- $managed := include "codec-proxy.managedSettings" . | fromJsonArray -}}
+{{- $secret := include "codec-proxy.secretSettings" . | fromJsonArray -}}
 {{- range $key, $_ := .Values.config -}}
 {{- if has $key $managed -}}
 {{- fail (printf "config.%s is set by the chart (see values.yaml): use that value instead" $key) -}}
 {{- end -}}
+{{- if has $key $secret -}}
+{{- fail (printf "config.%s is a secret, and the config file a ConfigMap: set CODEC_PROXY_%s from a Secret with extraEnv (valueFrom.secretKeyRef)" $key (upper $key)) -}}
 {{- end -}}
+{{- end -}}
+{{- include "codec-proxy.checkModels" . -}}
 {{- $s := deepCopy (.Values.config | default dict) -}}
+{{- $tokenizers := include "codec-proxy.tokenizers" . | fromJsonArray -}}
+{{- if .Values.models -}}
+{{- /* Each entry as the config file's, but for its tokenizer: the path it is mounted at. */ -}}
+{{- $models := list -}}
+{{- range $i, $m := .Values.models -}}
+{{- $entry := omit (deepCopy $m) "tokenizer" -}}
+{{- $_ := set $entry "tokenizer" (index $tokenizers $i).path -}}
+{{- $models = append $models $entry -}}
+{{- end -}}
+{{- $_ := set $s "models" $models -}}
+{{- with .Values.defaultModel }}{{ $_ := set $s "default_model" . }}{{ end -}}
+{{- else -}}
 {{- if include "codec-proxy.sidecar" . -}}
 {{- $_ := set $s "upstream" (list (printf "http://127.0.0.1:%d" (int .Values.sidecar.upstreamPort))) -}}
 {{- else -}}
 {{- if not .Values.upstream -}}
-{{- fail "upstream: the inference Service URL(s), e.g. http://vllm.inference.svc.cluster.local:8000" -}}
+{{- fail "upstream: the inference Service URL(s), e.g. http://vllm.inference.svc.cluster.local:8000 (or a models list)" -}}
 {{- end -}}
 {{- $_ := set $s "upstream" .Values.upstream -}}
 {{- end -}}
-{{- $_ := set $s "tokenizer" (include "codec-proxy.tokenizerPath" .) -}}
+{{- $_ := set $s "tokenizer" (index $tokenizers 0).path -}}
+{{- end -}}
 {{- $_ := set $s "port" (int .Values.port) -}}
 {{- $_ := set $s "drain_timeout" .Values.drainTimeout -}}
 {{- $p := .Values.policy -}}
@@ -159,10 +318,10 @@ volumeMounts:
     readOnly: true
   - name: codec-proxy-tmp
     mountPath: /tmp
-  {{- if ne .Values.tokenizer.source "image" }}
-  - name: {{ .Values.tokenizer.existingVolume | default "codec-proxy-tokenizer" }}
-    mountPath: {{ .Values.tokenizer.mountPath }}
-    readOnly: true
+  {{- range include "codec-proxy.tokenizers" . | fromJsonArray }}
+  {{- with .mount }}
+  - {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- end }}
   {{- if .Values.policy.safety.existingSecret }}
   - name: codec-proxy-safety-policy
@@ -189,20 +348,10 @@ volumeMounts:
   emptyDir:
     medium: Memory
     sizeLimit: 64Mi
-{{- $t := .Values.tokenizer }}
-{{- if eq $t.source "configMap" }}
-- name: codec-proxy-tokenizer
-  configMap:
-    name: {{ $t.configMap.name }}
-    items:
-      - key: {{ $t.configMap.key }}
-        path: {{ $t.configMap.key }}
-{{- else if and (eq $t.source "volume") (not $t.existingVolume) }}
-{{- if not $t.volume }}
-{{- fail "tokenizer.volume: a volume source holding the tokenizer (or tokenizer.existingVolume)" }}
+{{- range include "codec-proxy.tokenizers" . | fromJsonArray }}
+{{- with .volume }}
+- {{- toYaml . | nindent 2 }}
 {{- end }}
-- name: codec-proxy-tokenizer
-  {{- toYaml $t.volume | nindent 2 }}
 {{- end }}
 {{- if .Values.policy.safety.existingSecret }}
 - name: codec-proxy-safety-policy
