@@ -96,6 +96,7 @@ def create_app(
     )
     app[LIVE] = LiveConfig(live)
     app[METRICS] = metrics = metrics or Metrics()
+    metrics.prepare(model.name for model in served)
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = Readiness()
     app[SERVED_MODELS] = served

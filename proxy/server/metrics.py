@@ -13,6 +13,7 @@ not one worker's.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from aiohttp import web
 from prometheus_client import (
@@ -109,7 +110,7 @@ class Metrics:
         )
         self.bytes_in = Counter(
             "codec_proxy_upstream_bytes",
-            "Body bytes received from upstreams.",
+            "Body bytes received from upstreams, by mode (codec, passthrough, policed) and model.",
             ["mode", "model"],
             registry=r,
         )
@@ -201,6 +202,15 @@ class Metrics:
             ["result"],
             registry=r,
         )
+
+    def prepare(self, models: Iterable[str]) -> None:
+        """Export the counters alerts watch at 0 from the start, so their first increase is
+        an increase (a series that appears at 1 has no earlier sample for `increase()`)."""
+        for model in models:
+            for source in ("backend", "retokenized"):
+                self.verify_mismatches.labels(model, source)
+        for result in ("ok", "error"):
+            self.config_reloads.labels(result)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition for `/metrics`, across all workers when there are several."""

@@ -126,6 +126,7 @@ async def upstream_exchange(
                 finally:
                     # Also when the client hangs up while the rest of the body is drained.
                     record.bytes_in = exchange.bytes_in
+                    app[METRICS].bytes_in.labels(mode, model.name).inc(exchange.bytes_in)
     finally:
         active.dec()
 

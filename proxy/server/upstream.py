@@ -243,7 +243,6 @@ class UpstreamPool:
                 exchange.close()
                 exchange.response.release()
                 exchange.upstream.outstanding -= 1
-                self.metrics.bytes_in.labels("any", self.model).inc(exchange.bytes_in)
         finally:
             budget.in_flight -= 1
 
