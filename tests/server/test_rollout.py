@@ -1,0 +1,147 @@
+"""Who gets Codec: the rollout switches answer one stable 403 before any upstream contact, and
+never touch a JSON request (proxy/core/http/access.py, docs/ROLLOUT.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import codecai
+import httpx
+import msgpack
+import pytest
+
+from proxy.settings import ModelSettings
+from tests.fake_upstream import FakeUpstream
+from tests.server.conftest import MakeProxy
+from tests.server.support import frames_of, post
+
+CODEC = {"prompt": "Hi", "max_tokens": 8, "stream_format": "msgpack"}
+JSON = {"prompt": "Hi", "max_tokens": 8, "stream": True}
+PATH_B = msgpack.packb({"prompt_ids": [504, 3575, 282], "max_tokens": 8})
+
+
+def refused(status: int, raw: bytes) -> dict[str, Any]:
+    assert status == 403, raw
+    error: dict[str, Any] = json.loads(raw)["error"]
+    assert error["code"] == "codec_not_enabled"
+    assert error["param"] == "stream_format"
+    assert "without stream_format" in error["message"]
+    return error
+
+
+async def test_codec_off_refuses_every_codec_route_before_the_upstream(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(codec_enabled=False)
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "stream_format": "protobuf"}
+    for path, kwargs in (
+        ("/v1/completions", {"json": CODEC}),
+        ("/v1/chat/completions", {"json": chat}),
+        ("/v1/completions/codec", {"data": PATH_B,
+                                   "headers": {"Content-Type": "application/x-msgpack"}}),
+    ):  # fmt: skip
+        refused(*(await post(proxy, path, **kwargs))[::2])
+    assert upstream.requests == []
+    # JSON is never affected: the very same request without stream_format is served.
+    status, headers, raw = await post(proxy, "/v1/completions", json=JSON)
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    assert raw.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_the_refusal_is_decided_before_the_version_gate(make_proxy: MakeProxy) -> None:
+    # No upgrade would help a client that may not have Codec: the answer is not a 426.
+    proxy = await make_proxy(codec_enabled=False, version_policy="strict")
+    status, _, raw = await post(
+        proxy, "/v1/completions", json=CODEC, headers={"Codec-Client-Version": "0.2"}
+    )
+    refused(status, raw)
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "client", "allowed"),
+    [
+        ({"codec_allow_keys": ("team-a",)}, "team-a", None, True),
+        ({"codec_allow_keys": ("team-a",)}, "team-b", None, False),
+        ({"codec_allow_keys": ("team-a",)}, None, None, False),
+        ({"codec_deny_keys": ("team-b",)}, "team-b", None, False),
+        ({"codec_deny_keys": ("team-b",)}, "team-a", None, True),
+        ({"codec_client_header": "X-Client", "codec_allow_clients": ("web/*",)}, None, "web/2",
+         True),
+        ({"codec_client_header": "X-Client", "codec_allow_clients": ("web/*",)}, None, "cli/1",
+         False),
+        ({"codec_client_header": "X-Client", "codec_deny_clients": ("web/1.0",)}, None, "web/1.0",
+         False),
+    ],
+)  # fmt: skip
+async def test_allow_and_deny_lists(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    changes: dict[str, Any],
+    key: str | None,
+    client: str | None,
+    allowed: bool,
+) -> None:
+    proxy = await make_proxy(**changes)
+    headers = {}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    if client is not None:
+        headers["X-Client"] = client
+    status, _, raw = await post(proxy, "/v1/completions", json=CODEC, headers=headers)
+    if allowed:
+        assert status == 200
+        assert frames_of(raw, "msgpack")[-1].done
+    else:
+        refused(status, raw)
+        assert upstream.requests == []
+    status, _, _ = await post(proxy, "/v1/completions", json=JSON, headers=headers)
+    assert status == 200  # JSON, allowed or not
+
+
+async def test_one_model_off_leaves_the_others_on(
+    make_proxy: MakeProxy, upstream_url: str, smollm2_gguf: Any
+) -> None:
+    models = (
+        ModelSettings(name="on", upstreams=(upstream_url,), tokenizer=smollm2_gguf),
+        ModelSettings(
+            name="off", upstreams=(upstream_url,), tokenizer=smollm2_gguf, codec_enabled=False
+        ),
+    )
+    proxy = await make_proxy(upstream=(), tokenizer=None, models=models)
+    status, _, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "off"})
+    assert "'off'" in refused(status, raw)["message"]
+    status, _, _ = await post(proxy, "/v1/completions", json={**CODEC, "model": "on"})
+    assert status == 200
+    status, _, _ = await post(proxy, "/v1/completions", json={**JSON, "model": "off"})
+    assert status == 200
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    assert 'codec_proxy_codec_refused_total{model="off",reason="codec_not_enabled"} 1.0' in text
+    assert 'codec_proxy_codec_available{model="off"} 0.0' in text
+    assert 'codec_proxy_codec_available{model="on"} 1.0' in text
+
+
+async def _body(raw: bytes) -> AsyncIterator[bytes]:
+    yield raw
+
+
+async def test_what_codecai_makes_of_the_refusal(make_proxy: MakeProxy) -> None:
+    """The reference client has no fallback of its own (interop.md §1): it must not mistake the
+    answer for a version demand, nor the JSON error body for frames."""
+    proxy = await make_proxy(codec_enabled=False)
+    url = str(proxy.make_url("/v1/completions"))
+    headers = codecai.with_codec_client_version()
+    async with httpx.AsyncClient() as client:
+        response = await client.post(url, json=CODEC, headers=headers)
+        assert response.status_code == 403
+        # A 426 would be parsed as "upgrade to ..."; this one is not a version problem.
+        assert codecai.parse_version_required(response) is None
+        with pytest.raises(ValueError, match="msgpack"):
+            [frame async for frame in codecai.decode_msgpack_stream(_body(response.content))]
+        # What docs/ROLLOUT.md tells a client to do: the same request without stream_format.
+        retried = await client.post(url, json=JSON, headers=headers)
+    assert retried.status_code == 200
+    assert retried.headers["Content-Type"].startswith("text/event-stream")
