@@ -8,7 +8,9 @@ what arrived, `on_deadline` when the deadline passed first, `flush` at the upstr
 * `RelayedBody`: the upstream's bytes as they came (pass-through).
 * `PolicedJsonBody`: the upstream's SSE with the safety policy applied (codec-spec.md §8).
 * `CodecBody`: Codec frames (transcoder and guard), encoded, compressed and flushed on the
-  schedule (compression/body_writer.py); exactly one terminal frame, whatever happens.
+  schedule (compression/body_writer.py); exactly one terminal frame, whatever happens. A
+  sampled stream is also verified (`verified_codec_body`, proxy/core/verify/): the IDs of the
+  frames the guard lets out against the text the transcoder was streamed.
 
 Before the response starts the edge reads until the body is `ready` (its status and headers
 can be decided), so a failure up to then is still a clean HTTP error.
@@ -21,6 +23,10 @@ from typing import Protocol
 from proxy.core.compression.body_writer import BodyWriter
 from proxy.core.guard import StreamGuard
 from proxy.core.safety.json_policing import JsonStreamPolicer
+from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.verify.map_decoder import MapDecoder
+from proxy.core.verify.verifier import StreamVerifier, Verification
+from proxy.core.wire.frames import Frame
 
 
 class ResponseBody(Protocol):
@@ -108,16 +114,28 @@ class PolicedJsonBody(RelayedBody):
 class CodecBody:
     """Codec frames of the upstream's stream, as this client may receive them."""
 
-    __slots__ = ("_guard", "_started", "_writer")
+    __slots__ = ("_guard", "_started", "_verification", "_verifier", "_writer")
 
-    def __init__(self, guard: StreamGuard, writer: BodyWriter) -> None:
+    def __init__(
+        self, guard: StreamGuard, writer: BodyWriter, verifier: StreamVerifier | None = None
+    ) -> None:
         self._guard = guard
         self._writer = writer
         self._started = False
+        # Fed the IDs of every frame that goes out; its text comes from the transcoder
+        # (`verified_codec_body` wires both).
+        self._verifier = verifier
+        self._verification: Verification | None = None
 
     @property
     def guard(self) -> StreamGuard:
         return self._guard
+
+    @property
+    def verification(self) -> Verification | None:
+        """The verdict once the terminal frame went out; None when the stream was not
+        verified, or when the safety policy changed its IDs on purpose (a redaction, a stop)."""
+        return self._verification
 
     @property
     def ready(self) -> bool:
@@ -129,7 +147,7 @@ class CodecBody:
         return self._guard.done
 
     def feed(self, chunk: bytes, now: float) -> bytes:
-        return self._sent(self._writer.feed(self._guard.feed(chunk), now))
+        return self._sent(self._writer.feed(self._verified(self._guard.feed(chunk)), now))
 
     def deadline(self) -> float | None:
         return self._writer.deadline()
@@ -138,13 +156,53 @@ class CodecBody:
         return self._writer.on_deadline(now)
 
     def flush(self, now: float) -> bytes:
-        return self._sent(self._writer.feed(self._guard.flush(), now) + self._writer.flush())
+        frames = self._verified(self._guard.flush())
+        return self._sent(self._writer.feed(frames, now) + self._writer.flush())
 
     def fail(self, error: str, now: float) -> bytes | None:
-        frames = self._guard.fail(error)
+        frames = self._verified(self._guard.fail(error))
         return self._sent(self._writer.feed(frames, now) + self._writer.flush())
+
+    def _verified(self, frames: list[Frame]) -> list[Frame]:
+        verifier = self._verifier
+        if verifier is None:
+            return frames
+        for frame in frames:
+            verifier.ids(frame.ids)
+            if frame.done:
+                # The one terminal frame ends the stream: its IDs count, nothing after it does.
+                self._verifier = None
+                verdict = verifier.flush(frame.finish_reason)
+                guard = self._guard
+                policed = guard.stopped is not None or guard.redactions > 0
+                self._verification = None if policed else verdict
+                break
+        return frames
 
     def _sent(self, data: bytes) -> bytes:
         if data:
             self._started = True
         return data
+
+
+def verified_codec_body(
+    transcoder: CodecTranscoder,
+    guard: StreamGuard,
+    writer: BodyWriter,
+    decoder: MapDecoder | None,
+) -> CodecBody:
+    """A Codec body, verified when `decoder` is given (the stream was sampled).
+
+    One `StreamVerifier` hears both sides: the text `transcoder` hands its ID source, and the
+    IDs of the frames `guard` (which must wrap `transcoder`) lets out. Call it before the first
+    feed. With `decoder` None this is `CodecBody(guard, writer)`, at no cost per frame.
+    """
+    if decoder is None:
+        return CodecBody(guard, writer)
+    if guard.source is not transcoder:
+        raise ValueError("the guard does not wrap this transcoder")
+    if transcoder.on_text is not None:
+        raise ValueError("the transcoder's text already goes elsewhere")
+    verifier = StreamVerifier(decoder)
+    transcoder.on_text = verifier.text
+    return CodecBody(guard, writer, verifier)

@@ -55,6 +55,7 @@ class StreamGuard:
         self._policed = policed
         self._violation: str | None = None
         self._held_tools: tuple[ToolCall, ...] = ()
+        self._redactions = 0
         self._sent = 0
         self._outcome: StreamOutcome | None = None
 
@@ -66,6 +67,15 @@ class StreamGuard:
     def stopped(self) -> str | None:
         """The category whose `stop` rule ended the stream; the upstream must be cancelled."""
         return self._violation
+
+    @property
+    def redactions(self) -> int:
+        """How many spans the policy replaced with a placeholder so far."""
+        return self._redactions
+
+    @property
+    def source(self) -> FrameSource:
+        return self._source
 
     @property
     def outcome(self) -> StreamOutcome | None:
@@ -106,6 +116,7 @@ class StreamGuard:
         released = policed.feed(frame.ids)
         if frame.done:
             released = released.then(policed.flush())
+        self._redactions += len(released.redactions)
         if released.stop is not None:
             self._violation = released.stop
             return Frame(released.ids, done=True, finish_reason=finish.POLICY_VIOLATION)

@@ -1,19 +1,29 @@
-"""The three response bodies, driven the way the edge's pump drives them."""
+"""The three response bodies, driven the way the edge's pump drives them; a Codec body verified."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 import pytest
 
-from proxy.core.bodies import CodecBody, RelayedBody
+from proxy.core.bodies import CodecBody, RelayedBody, verified_codec_body
 from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.guard import StreamGuard
 from proxy.core.http.versioning import V0_4
-from proxy.core.stream.chunks import parse_completion_chunk
+from proxy.core.safety.rules import Vocab
+from proxy.core.safety.stream import PolicedIds
+from proxy.core.stream.chunks import parse_chat_chunk, parse_completion_chunk
+from proxy.core.stream.token_source import TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
+from proxy.core.verify.map_decoder import MapDecoder
+from proxy.core.verify.verifier import Verification
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame, encoder_for
+from proxy.maps.publish import publish
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests.core.safety.support import compiled
 from tests.fake_upstream import load_capture
 
 SAMPLE = load_capture("llamacpp-completions-sample.txt").body
@@ -77,3 +87,194 @@ def test_codec_body_failing_mid_stream_ends_with_one_terminal_frame(
     assert frames[-1].done
     assert frames[-1].finish_reason == "error"
     assert [frame.done for frame in frames].count(True) == 1
+
+
+# --- a sampled stream, verified as it is served (proxy/core/verify/) -------------------------
+
+VERIFIED_CAPTURES = [
+    ("llamacpp-completions-sample.txt", False),
+    ("llamacpp-completions-logprobs.txt", False),
+    ("llamacpp-completions-emoji-logprobs.txt", False),
+    ("llamacpp-completions-cut-utf8-logprobs.txt", False),
+    ("llamacpp-completions-eos-logprobs.txt", False),
+    ("llamacpp-completions-stop-holdback-logprobs.txt", False),
+    ("llamacpp-chat-emoji-logprobs.txt", True),
+    ("vllm-completions-sample.txt", False),
+    ("vllm-completions-token-ids.txt", False),
+    ("vllm-completions-stop-sequence.txt", False),
+    ("vllm-chat.txt", True),
+    ("vllm-chat-tool-calls-synthetic.txt", True),
+    ("vllm-chat-reasoning-synthetic.txt", True),
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2_map(smollm2_vocabulary: Vocabulary) -> bytes:
+    """SmolLM2's map, the bytes a client downloads."""
+    content = smollm2_vocabulary.map_content
+    return publish(smollm2_vocabulary.loaded, "test/smollm2", content=content).body
+
+
+def verified_body(
+    vocabulary: Vocabulary,
+    decoder: MapDecoder | None,
+    *,
+    mode: TokenIdMode = "retokenize",
+    chat: bool = False,
+    policed: PolicedIds | None = None,
+) -> CodecBody:
+    transcoder = CodecTranscoder(
+        vocabulary.scheme,
+        parse_chat_chunk if chat else parse_completion_chunk,
+        token_ids=mode,
+        token_bytes=vocabulary.token_bytes,
+    )
+    writer = BodyWriter(encoder_for("msgpack"), new_compressor("identity", None), IDENTITY_FLUSH)
+    return verified_codec_body(transcoder, StreamGuard(transcoder, V0_4, policed), writer, decoder)
+
+
+def pump(body: CodecBody, data: bytes, step: int | None = None) -> list[Frame]:
+    step = step or len(data) or 1
+    out = b""
+    for start in range(0, len(data), step):
+        out += body.feed(data[start : start + step], float(start))
+        if body.done:
+            break
+    out += body.flush(float(len(data)))
+    return decoded(out)
+
+
+def sent_ids(frames: list[Frame]) -> list[int]:
+    return [token_id for frame in frames for token_id in frame.ids]
+
+
+@pytest.mark.parametrize("step", [1, 29, None])
+@pytest.mark.parametrize("mode", ["retokenize", "auto"])
+@pytest.mark.parametrize(("name", "chat"), VERIFIED_CAPTURES)
+def test_a_captured_stream_verifies(
+    smollm2_vocabulary: Vocabulary,
+    smollm2_map: bytes,
+    name: str,
+    chat: bool,
+    mode: TokenIdMode,
+    step: int | None,
+) -> None:
+    capture = load_capture(name)
+    body = verified_body(smollm2_vocabulary, MapDecoder.from_map(smollm2_map), mode=mode, chat=chat)
+    frames = pump(body, capture.body, step)
+    text = capture.stream_text(chat=chat).encode()
+    assert body.verification == Verification(True, None, len(text))
+    assert frames[-1].done
+    if mode == "auto" and b'token_ids":[' in capture.body:
+        assert body.guard.token_source == "backend"
+
+
+def first_difference(decoder: MapDecoder, text: bytes, ids: list[int]) -> int:
+    rendered = b"".join(piece or b"" for piece in map(decoder.piece, ids))
+    return next(i for i, (a, b) in enumerate(zip(rendered, text, strict=False)) if a != b)
+
+
+def test_a_map_that_lies_about_one_token_is_caught(
+    smollm2_vocabulary: Vocabulary, smollm2_map: bytes
+) -> None:
+    # The map a client downloads swaps two tokens' IDs (built from another vocabulary's
+    # order, say): the tokenizer that makes the IDs is right, the client decodes them wrong.
+    document = orjson.loads(smollm2_map)
+    vocab = document["vocab"]
+    vocab["Ġthe"], vocab["Ġcity"] = vocab["Ġcity"], vocab["Ġthe"]
+    lying = MapDecoder.from_map(orjson.dumps(document))
+    capture = load_capture("llamacpp-completions-sample.txt")
+    body = verified_body(smollm2_vocabulary, lying)
+    frames = pump(body, capture.body, 64)
+    text = capture.stream_text().encode()
+    at = first_difference(lying, text, sent_ids(frames))
+    assert text[at - 1 : at + 3] == b" the"  # ", the city of New Haven ..."
+    assert body.verification == Verification(False, at, at)
+    # The same stream, the true map: the frames were right all along.
+    honest = verified_body(smollm2_vocabulary, MapDecoder.from_map(smollm2_map))
+    assert sent_ids(pump(honest, capture.body, 64)) == sent_ids(frames)
+    assert honest.verification == Verification(True, None, len(text))
+
+
+def test_a_map_that_forgets_a_special_token_is_caught(
+    smollm2_vocabulary: Vocabulary, smollm2_map: bytes
+) -> None:
+    # `<|im_end|>` left out of special_tokens: a client renders its text after the answer.
+    document = orjson.loads(smollm2_map)
+    del document["special_tokens"]["<|im_end|>"]
+    forgetful = MapDecoder.from_map(orjson.dumps(document))
+    capture = load_capture("llamacpp-completions-eos-logprobs.txt")
+    text = capture.stream_text().encode()
+    body = verified_body(smollm2_vocabulary, forgetful, mode="backend")
+    frames = pump(body, capture.body)
+    assert sent_ids(frames)[-1] == 2
+    assert body.verification == Verification(False, len(text), len(text))
+    # Retokenized, the end-of-turn token is never sent: nothing to catch.
+    retokenized = verified_body(smollm2_vocabulary, forgetful)
+    pump(retokenized, capture.body)
+    assert retokenized.verification == Verification(True, None, len(text))
+
+
+def test_a_stream_not_sampled_is_not_verified(smollm2_vocabulary: Vocabulary) -> None:
+    body = verified_body(smollm2_vocabulary, None)
+    pump(body, SAMPLE)
+    assert body.verification is None
+    assert body.guard.source.on_text is None  # type: ignore[attr-defined]
+
+
+def test_a_stream_failing_mid_way_is_verified_up_to_there(
+    smollm2_vocabulary: Vocabulary, smollm2_map: bytes
+) -> None:
+    body = verified_body(smollm2_vocabulary, MapDecoder.from_map(smollm2_map))
+    head = body.feed(SAMPLE[: len(SAMPLE) // 2], 0.0)
+    ending = body.fail("upstream failed mid-stream", 1.0)
+    assert ending is not None
+    frames = decoded(head + ending)
+    assert frames[-1].finish_reason == "error"
+    verdict = body.verification
+    assert verdict is not None
+    assert verdict.agreed
+    # Nothing after the one terminal frame counts.
+    assert body.feed(SAMPLE[len(SAMPLE) // 2 :], 2.0) == b""
+    assert body.flush(3.0) == b""
+    assert body.verification is verdict
+
+
+@pytest.mark.parametrize(
+    ("rules", "verified"),
+    [
+        ({"stop_strings": ["a thriving metropolis"]}, False),  # stopped: its IDs withheld
+        ({"redact_strings": ["New Haven"]}, False),  # a placeholder in place of the span
+        ({"redact_strings": ["no such words anywhere"]}, True),  # policed, unchanged
+    ],
+)
+def test_a_stream_the_policy_changed_is_not_judged(
+    smollm2_vocabulary: Vocabulary, smollm2_map: bytes, rules: dict[str, Any], verified: bool
+) -> None:
+    tokenizer = smollm2_vocabulary.loaded.tokenizer
+    vocab = Vocab(
+        size=smollm2_vocabulary.loaded.vocab_size,
+        encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+        decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+    )
+    policed = PolicedIds(compiled(vocab, **rules), tokenizer)
+    decoder = MapDecoder.from_map(smollm2_map)
+    body = verified_body(smollm2_vocabulary, decoder, policed=policed)
+    pump(body, SAMPLE, 64)
+    text = load_capture("llamacpp-completions-sample.txt").stream_text().encode()
+    assert body.verification == (Verification(True, None, len(text)) if verified else None)
+
+
+def test_the_factory_wires_one_verifier_to_the_right_transcoder(
+    smollm2_vocabulary: Vocabulary, smollm2_map: bytes
+) -> None:
+    decoder = MapDecoder.from_map(smollm2_map)
+    writer = BodyWriter(encoder_for("msgpack"), new_compressor("identity", None), IDENTITY_FLUSH)
+    transcoder = CodecTranscoder(smollm2_vocabulary.scheme, parse_completion_chunk)
+    other = CodecTranscoder(smollm2_vocabulary.scheme, parse_completion_chunk)
+    with pytest.raises(ValueError, match="does not wrap"):
+        verified_codec_body(transcoder, StreamGuard(other, V0_4), writer, decoder)
+    guard = StreamGuard(transcoder, V0_4)
+    verified_codec_body(transcoder, guard, writer, decoder)
+    with pytest.raises(ValueError, match="already"):
+        verified_codec_body(transcoder, guard, writer, decoder)

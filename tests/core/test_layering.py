@@ -1,8 +1,10 @@
 """The core's folders are the pipeline's stages, and imports only run down them.
 
     errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
-       ↖           ↙
-          backend      (http: the upstream body asks each kind of backend in its own field)
+       ↖           ↙                     ↖                                    ↙
+          backend                           verify
+    (http: the upstream body asks each kind of backend in its own field; verify: the published
+    map's decoder and a sampled stream's verdict, which a Codec body keeps)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
 imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
@@ -31,7 +33,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "backend": frozenset({"errors"}),
     "safety": frozenset({"errors", "wire", "stream"}),
     "guard": frozenset({"errors", "wire", "http", "stream", "safety"}),
-    "bodies": frozenset({"errors", "wire", "http", "stream", "compression", "safety", "guard"}),
+    "verify": frozenset({"errors", "wire", "stream", "maps"}),
+    "bodies": frozenset(
+        {"errors", "wire", "http", "stream", "compression", "safety", "guard", "verify"}
+    ),
     "endpoints": frozenset({"errors", "wire", "http", "stream", "safety"}),
 }
 

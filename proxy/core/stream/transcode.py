@@ -11,6 +11,10 @@ still delivered (in a frame before the terminal one): an error loses nothing.
 IDs come from the text (retokenized) or from the backend (proxy/core/stream/token_source.py); chat
 tool calls are assembled from their deltas and ride on the next frame that goes out
 (codec-spec.md §2.5: a frame with no IDs may only be the terminal one).
+
+`on_text`, when given, sees each chunk's text as it is handed to the ID source: the text the
+stream's IDs must account for, which a sampled stream's verifier compares them with
+(proxy/core/verify/).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class CodecTranscoder:
         max_event_bytes: int = 1 << 20,
         token_ids: TokenIdMode = "retokenize",
         token_bytes: TokenBytes | None = None,
+        on_text: Callable[[str], None] | None = None,
     ) -> None:
         if token_ids != "retokenize" and token_bytes is None:
             raise ValueError(f"token_ids={token_ids!r} needs the tokenizer's TokenBytes")
@@ -74,6 +79,8 @@ class CodecTranscoder:
         self._scheme = scheme
         self._mode = token_ids
         self._token_bytes = token_bytes
+        # May be set until the first feed (proxy/core/bodies.py wires a verifier in).
+        self.on_text = on_text
         # Decided by the first chunk with output (auto/backend), or at once (retokenize).
         self._source: IdSource | None = (
             RetokenizedIds(scheme) if token_ids == "retokenize" else None
@@ -170,6 +177,8 @@ class CodecTranscoder:
                 )
                 return
         if source is not None:
+            if chunk.text and self.on_text is not None:
+                self.on_text(chunk.text)
             source.add(chunk.text, chunk.token_ids)
         if chunk.finish_reason is None:
             return

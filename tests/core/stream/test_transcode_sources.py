@@ -154,3 +154,32 @@ def test_out_of_order_call_index_ends_the_stream(smollm2_vocabulary: Vocabulary)
 def test_token_bytes_are_required_for_backend_ids(smollm2_vocabulary: Vocabulary) -> None:
     with pytest.raises(ValueError, match="TokenBytes"):
         CodecTranscoder(smollm2_vocabulary.scheme, parse_completion_chunk, token_ids="auto")
+
+
+# --- the text the IDs must account for (on_text, for a sampled stream's verifier) ------------
+
+
+@pytest.mark.parametrize("mode", ["retokenize", "auto", "backend"])
+def test_on_text_hears_each_chunk_text_the_id_source_gets(
+    smollm2_vocabulary: Vocabulary, mode: Any
+) -> None:
+    heard: list[str] = []
+    t = CodecTranscoder(
+        smollm2_vocabulary.scheme,
+        parse_completion_chunk,
+        token_ids=mode,
+        token_bytes=smollm2_vocabulary.token_bytes,
+        on_text=heard.append,
+    )
+    t.feed(sse(text("Hello", [19556]), text("", [2]), text(" world", [905], "length")))
+    t.feed(sse(text("after the end", [9])))
+    t.flush()
+    assert heard == ["Hello", " world"]  # never empty, nothing after the terminal frame
+
+
+def test_on_text_hears_nothing_of_a_refused_stream(smollm2_vocabulary: Vocabulary) -> None:
+    heard: list[str] = []
+    t = transcoder(smollm2_vocabulary, "backend")
+    t.on_text = heard.append
+    assert t.feed(sse(text("Hello"))) == [Frame((), True, "error")]
+    assert heard == []
