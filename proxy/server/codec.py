@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.core.backend.kind import backend_kind
-from proxy.core.bodies import CodecBody
+from proxy.core.bodies import CodecBody, verified_codec_body
 from proxy.core.compression.body_writer import BodyWriter, flush_config_for
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.dictionaries import LoadedZstdDictionary
@@ -258,7 +259,8 @@ async def _open_upstream(
         yield second, False
 
 
-def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> CodecBody:
+def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> tuple[CodecBody, bool]:
+    """The stream's body, and whether it was sampled for verification (server/verification.py)."""
     live = config_of(request)
     settings = live.settings
     served = model_of(request)
@@ -280,14 +282,16 @@ def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> CodecBo
     )
     flush = flush_config_for(plan.coding, configured)
     compressor = new_compressor(plan.coding, plan.zstd_dictionary)
-    return CodecBody(guard, BodyWriter(plan.encoder, compressor, flush))
+    writer = BodyWriter(plan.encoder, compressor, flush)
+    sampled, decoder = served.verification.decoder_for_stream(settings.verify_sample_rate)
+    return verified_codec_body(transcoder, guard, writer, decoder), sampled
 
 
 async def _serve(
     request: web.Request, plan: CodecPlan, exchange: Exchange, asked_for_ids: bool
 ) -> web.StreamResponse:
     app = request.app
-    body = _body(request, plan, asked_for_ids)
+    body, sampled = _body(request, plan, asked_for_ids)
     guard = body.guard
     request[RECORD].phase = "first_token"
 
@@ -308,6 +312,15 @@ async def _serve(
         overhead=app[METRICS].overhead.labels("codec", model_of(request).name),
     )
     _account(request, plan, guard, exchange)
+    if sampled:
+        model_of(request).verification.record(
+            body.verification if body.done else None,
+            token_source=guard.token_source or RETOKENIZED,
+            request_id=request[RECORD].id,
+            settings=config_of(request).settings,
+            metrics=app[METRICS],
+            now=time.monotonic(),
+        )
     if guard.stopped is not None:
         # Category names are public (in the descriptor); rule contents never are.
         log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)

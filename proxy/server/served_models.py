@@ -34,6 +34,7 @@ from proxy.server.metrics import Metrics
 from proxy.server.models import UpstreamModels
 from proxy.server.observe import RECORD
 from proxy.server.upstream import StreamBudget, UpstreamPool, make_session
+from proxy.server.verification import ModelVerification
 from proxy.settings import (
     DEFAULT_DICTIONARIES_MANIFEST,
     DEFAULT_MAX_PROMPT_IDS,
@@ -62,6 +63,7 @@ class ServedModel:
         self.dictionaries = dictionaries
         self.published = published
         self.readiness = Readiness()
+        self.verification = ModelVerification(config.name, published, self.readiness)
         self._pool: UpstreamPool | None = None
         self._listing: UpstreamModels | None = None
         self.drift: DriftMonitor | None = None
@@ -332,6 +334,8 @@ def served_models_context(
                 budget=budget,
             )
             model.attach(pool)
+            if settings.verify_sample_rate > 0:
+                model.verification.prepare()
         tasks: list[asyncio.Task[None]] = []
         try:
             # Know who is up before the first request; every model's first round at once.
@@ -370,13 +374,20 @@ async def _first_drift_check(
             DriftVerdict(DriftState.DISABLED, "the drift check is turned off").check()
         )
         return
+
+    def on_verdict() -> None:
+        # A clean check is what lifts a refusal for verification mismatches, short of a reload.
+        if monitor.verdict.state is DriftState.MATCHED:
+            model.verification.reset()
+        on_change()
+
     monitor = DriftMonitor(
         model.pool,
         model.listing,
         model.vocabulary,
         model.readiness,
         model=model.lookup_name,
-        on_verdict=on_change,
+        on_verdict=on_verdict,
     )
     model.drift = monitor
     concluded = await monitor.check()

@@ -36,6 +36,10 @@ class Readiness:
     def update(self, check: Check) -> None:
         self._checks[check.name] = check
 
+    def discard(self, name: str) -> None:
+        """Forget a check that only exists while something is wrong (a verification refusal)."""
+        self._checks.pop(name, None)
+
     def get(self, name: str) -> Check | None:
         return self._checks.get(name)
 

@@ -1,0 +1,144 @@
+"""Continuous verification: sampled streams decoded with the published map, as a client would
+(proxy/server/verification.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from proxy.server import create_app
+from proxy.server.verification import _DECODERS
+from proxy.settings import Settings
+from proxy.tokenizers.vocabulary import Vocabulary
+from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.server.conftest import AiohttpClient, ProxyClient, ProxyTestServer, default_model
+from tests.server.support import frames_of, post
+
+CAPTURE = "llamacpp-completions-sample.txt"
+CODEC = {"prompt": "Hi", "max_tokens": 32, "stream_format": "msgpack"}
+
+
+def corrupted(vocabulary: Vocabulary, text: str) -> Vocabulary:
+    """The same tokenizer publishing a map in which two IDs of `text` are swapped: the frames
+    stay what the tokenizer says, a client decoding them with the map reads other text."""
+    ids = vocabulary.loaded.tokenizer.encode(text, add_special_tokens=False).ids
+    first, second = list(dict.fromkeys(ids))[:2]
+    content = vocabulary.map_content
+    swap = {first: second, second: first}
+    vocab = {token: swap.get(i, i) for token, i in content.vocab.items()}
+    bad = Vocabulary(vocabulary.loaded, vocabulary.scheme, vocabulary.token_bytes)
+    bad.__dict__["map_content"] = dataclasses.replace(content, vocab=vocab)  # the cached map
+    return bad
+
+
+async def serving(
+    aiohttp_client: AiohttpClient, settings: Settings, vocabulary: Vocabulary, **changes: Any
+) -> ProxyClient:
+    app = create_app(replace(settings, **changes), vocabulary)
+    proxy = await aiohttp_client(ProxyTestServer(app))
+    digest = default_model(proxy).published.digest
+    for _ in range(500):  # the decoder is built off the loop at start
+        if digest in _DECODERS:
+            break
+        await asyncio.sleep(0.01)
+    return proxy
+
+
+async def metrics(proxy: ProxyClient) -> str:
+    async with proxy.get("/metrics") as resp:
+        return await resp.text()
+
+
+async def test_streams_that_decode_to_the_text_match(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    smollm2_vocabulary: Vocabulary,
+    upstream: FakeUpstream,
+) -> None:
+    upstream.script = Script(load_capture(CAPTURE), chunk_size=7)
+    proxy = await serving(aiohttp_client, settings, smollm2_vocabulary, verify_sample_rate=1.0)
+    for fmt in ("msgpack", "protobuf"):
+        status, _, raw = await post(proxy, "/v1/completions", json={**CODEC, "stream_format": fmt})
+        assert status == 200
+        frames_of(raw, fmt)
+    text = await metrics(proxy)
+    assert 'codec_proxy_verify_streams_total{model="default",result="match"} 2.0' in text
+    assert (
+        'codec_proxy_verify_mismatches_total{model="default",token_source="retokenized"} 0.0'
+        in text
+    )
+
+
+async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    smollm2_vocabulary: Vocabulary,
+    upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    capture = load_capture(CAPTURE)
+    text = capture.stream_text()
+    upstream.script = Script(capture, chunk_size=7)
+    bad = corrupted(smollm2_vocabulary, text)
+    proxy = await serving(aiohttp_client, settings, bad, verify_sample_rate=1.0)
+    with caplog.at_level(logging.ERROR, logger="codec_proxy"):
+        status, headers, raw = await post(
+            proxy, "/v1/completions", json=CODEC, headers={"X-Request-Id": "req-verify-1"}
+        )
+    assert status == 200
+    assert frames_of(raw, "msgpack")[-1].done  # the client still got its whole stream
+    [line] = [r.getMessage() for r in caplog.records if "verification mismatch" in r.getMessage()]
+    assert "req-verify-1" in line
+    assert "at byte 0" in line  # the swapped IDs are the text's first ones
+    # Never the text: no run of three of its words is in the line.
+    words = text.split()
+    assert not any(" ".join(words[i : i + 3]) in line for i in range(len(words) - 2))
+    assert (
+        'codec_proxy_verify_mismatches_total{model="default",token_source="retokenized"} 1.0'
+        in await metrics(proxy)
+    )
+    assert headers["Codec-Tokenizer-Map"].split()[1] in line
+
+
+async def test_refused_after_n_mismatches_until_a_clean_drift_check(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    smollm2_vocabulary: Vocabulary,
+    upstream: FakeUpstream,
+) -> None:
+    capture = load_capture(CAPTURE)
+    upstream.script = Script(capture, chunk_size=7)
+    bad = corrupted(smollm2_vocabulary, capture.stream_text())
+    proxy = await serving(
+        aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
+    )
+    for _ in range(2):
+        assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+    status, _, raw = await post(proxy, "/v1/completions", json=CODEC)
+    assert status == 503
+    assert b"verification_mismatch" in raw
+    # JSON keeps flowing, and /readyz says why.
+    json_status, _, _ = await post(proxy, "/v1/completions", json={"prompt": "Hi", "stream": True})
+    assert json_status == 200
+    async with proxy.get("/readyz") as resp:
+        report = await resp.json()
+    assert resp.status == 503
+    assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
+        report["reasons"]
+    )
+    # What a clean drift check does (proxy/server/served_models.py): the refusal is lifted.
+    default_model(proxy).verification.reset()
+    assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+
+
+async def test_rate_zero_verifies_nothing(
+    aiohttp_client: AiohttpClient, settings: Settings, smollm2_vocabulary: Vocabulary
+) -> None:
+    proxy = await serving(aiohttp_client, settings, smollm2_vocabulary, verify_sample_rate=0.0)
+    assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+    assert "codec_proxy_verify_streams_total{" not in await metrics(proxy)
