@@ -24,7 +24,9 @@ of process, on one machine, loopback only:
 Scenarios (`--scenarios`): `direct` (client to upstream, JSON-SSE), `nginx` (JSON through
 nginx), `passthrough` (JSON through the proxy), `backend-ids` (Codec msgpack, the IDs the
 upstream reported), `retokenized` (Codec msgpack from a proxy started with
-`--token-ids retokenize`), `gzip` (`backend-ids` with `Accept-Encoding: gzip`).
+`--token-ids retokenize`), `gzip` (`backend-ids` with `Accept-Encoding: gzip`), `verify-1pct`
+and `verify-all` (`backend-ids` with `--verify-sample-rate 0.01` and `1`; the other proxy
+scenarios run with verification off, so the three differ only in it).
 
 The text is natural: dictionaries/corpus/smollm2-generated.txt, prose written by the bundled
 SmolLM2-135M-Instruct (Apache-2.0), cut into streams of `--tokens` tokens by the same model's
@@ -131,6 +133,8 @@ class Scenario:
     stream_format: Literal["msgpack"] | None  # None: JSON-SSE
     coding: Literal["identity", "gzip"] = "identity"
     token_source: str | None = None  # the Codec-Token-Source header expected
+    # The proxy's verify_sample_rate: the share of streams checked against the published map.
+    verify: float = 0.0
 
 
 SCENARIOS = {
@@ -142,6 +146,9 @@ SCENARIOS = {
         Scenario("backend-ids", "proxy", "msgpack", token_source="backend"),
         Scenario("retokenized", "proxy-retokenize", "msgpack", token_source="retokenized"),
         Scenario("gzip", "proxy", "msgpack", "gzip", token_source="backend"),
+        # The cost of continuous verification (docs/ROLLOUT.md): the default share, and all.
+        Scenario("verify-1pct", "proxy", "msgpack", token_source="backend", verify=0.01),
+        Scenario("verify-all", "proxy", "msgpack", token_source="backend", verify=1.0),
     )
 }
 
@@ -266,7 +273,9 @@ def start_nginx(binary: str, upstream_port: int, level: int) -> tuple[Child, int
     return child, port
 
 
-def start_proxy(upstream_port: int, gguf: Path, token_ids: str) -> tuple[Child, int]:
+def start_proxy(
+    upstream_port: int, gguf: Path, token_ids: str, verify: float = 0.0
+) -> tuple[Child, int]:
     port = free_port()
     args = [
         "-m", "proxy", "serve",
@@ -277,6 +286,7 @@ def start_proxy(upstream_port: int, gguf: Path, token_ids: str) -> tuple[Child, 
         # The paced upstream has no /tokenize; health checks would only add noise.
         "--drift-check", "off",
         "--health-interval", "3600",
+        "--verify-sample-rate", str(verify),
     ]  # fmt: skip
     child = spawn("proxy", args, bench_cache_dir() / f"paced-proxy-{token_ids}.log")
     wait_http_ok(child, f"http://127.0.0.1:{port}/readyz", timeout=120)
@@ -674,7 +684,7 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
         relay, port = start_nginx(setup.nginx, setup.upstream_port, level)
     elif scenario.relay in ("proxy", "proxy-retokenize"):
         mode = "retokenize" if scenario.relay == "proxy-retokenize" else "auto"
-        relay, port = start_proxy(setup.upstream_port, setup.gguf, mode)
+        relay, port = start_proxy(setup.upstream_port, setup.gguf, mode, scenario.verify)
     else:
         port = setup.upstream_port
     timeout = 60 + 3 * args.tokens * args.pace_ms / 1000 + args.ramp_ms / 1000
