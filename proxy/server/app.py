@@ -28,6 +28,7 @@ from proxy.server.local import READINESS, SCHEMA_TEXT
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.observe import echo_request_id, observe_middleware
 from proxy.server.served_models import (
+    PUBLISH_GAUGES,
     SERVED_MODELS,
     Tokenizers,
     build_served_models,
@@ -110,6 +111,14 @@ def create_app(
     app.on_response_prepare.append(echo_request_id)
     # The one place the header floors are applied (server/versioning.py).
     app.on_response_prepare.append(strip_withheld_headers)
-    app.cleanup_ctx.append(served_models_context(settings, lambda: served.publish_gauges(metrics)))
+
+    def publish_gauges() -> None:
+        live = app[LIVE].current
+        enabled = {name: live.settings.codec_enabled and m.codec_enabled
+                   for name, m in live.models.items()}  # fmt: skip
+        served.publish_gauges(metrics, enabled)
+
+    app[PUBLISH_GAUGES] = publish_gauges
+    app.cleanup_ctx.append(served_models_context(settings, publish_gauges))
     app.add_routes(routes())
     return app

@@ -175,18 +175,21 @@ class ServedModels:
             },
         }
 
-    def publish_gauges(self, metrics: Metrics) -> None:
-        """Per-model state gauges, as of now (set again whenever a check reports)."""
+    def publish_gauges(self, metrics: Metrics, enabled: Mapping[str, bool]) -> None:
+        """Per-model state gauges, as of now (set again whenever a check reports or the
+        configuration is reloaded); `enabled`: each model's `codec_enabled` in force."""
         for model in self:
             tokenizer = model.readiness.get("tokenizer")
             drifted = tokenizer is not None and tokenizer.reason == "tokenizer_mismatch"
             metrics.drift_detected.labels(model.name).set(1 if drifted else 0)
-            codec = model.config.codec_enabled and model.readiness.codec_refusal() is None
+            codec = enabled.get(model.name, True) and model.readiness.codec_refusal() is None
             metrics.codec_available.labels(model.name).set(1 if codec else 0)
             metrics.model_ready.labels(model.name).set(1 if model.readiness.ready else 0)
 
 
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
+# Sets the per-model state gauges from the checks and the configuration in force.
+PUBLISH_GAUGES = web.AppKey[Callable[[], None]]("publish_gauges")
 MODEL = web.RequestKey("model", ServedModel)
 
 
