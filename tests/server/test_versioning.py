@@ -11,6 +11,7 @@ import codecai
 import httpx
 import pytest
 
+from proxy.settings import DEFAULT_DOCS_URL
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient
 from tests.server.policy_support import write_policy
@@ -217,3 +218,19 @@ async def codecai_frames_of(raw: bytes) -> list[codecai.CodecFrame]:
     from tests.codec_client import codecai_frames
 
     return await codecai_frames(raw, "msgpack")
+
+
+async def test_426_and_the_policy_document_name_upgrade_docs_by_default(
+    make_proxy: MakeProxy,
+) -> None:
+    # The reference engines always send a docs_url; so does the proxy unless told otherwise.
+    proxy = await make_proxy(version_policy="strict")
+    async with proxy.post("/v1/completions", json=CODEC_BODY) as resp:
+        assert resp.status == 426
+        body = json.loads(await resp.read())
+    assert body["docs_url"] == DEFAULT_DOCS_URL
+    async with proxy.get("/.well-known/codec/version-policy.json") as resp:
+        assert json.loads(await resp.read())["docs_url"] == DEFAULT_DOCS_URL
+    quiet = await make_proxy(version_policy="strict", docs_url=None)
+    async with quiet.post("/v1/completions", json=CODEC_BODY) as resp:
+        assert "docs_url" not in json.loads(await resp.read())
