@@ -156,10 +156,12 @@ class Settings:
     )
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8080, help="port to listen on", minimum=0, maximum=65535)
+    # Only a default, as it always was: one model by `upstream` serves any name, relays the
+    # backend's /v1/models, and passes JSON on as sent (a `models` list routes by name).
     model: str | None = option(
         None,
-        help="with upstream/tokenizer: the model's name for requests that name none, and in "
-        "/v1/models (unset: any name is served, and /v1/models is the backend's)",
+        help="with upstream/tokenizer: the model name Codec requests that name none are sent "
+        "with (unset: the backend's only model)",
     )
     # Several models behind one proxy (docs/DEPLOY.md "Several models"): config file only.
     models: tuple[ModelSettings, ...] = option(
@@ -410,15 +412,22 @@ class Settings:
                 raise ValueError(
                     f"{given[0]!r} is per model when 'models' is set: put it in the model's entry"
                 )
-            seen: dict[str, str] = {}
-            for entry in self.models:
+            seen: dict[str, tuple[int, str]] = {}
+            for index, entry in enumerate(self.models):
                 for name in entry.names:
-                    if name in seen:
-                        raise ValueError(
-                            f"model {entry.name!r}: the name {name!r} is also model "
-                            f"{seen[name]!r}'s"
-                        )
-                    seen[name] = entry.name
+                    if name not in seen:
+                        seen[name] = (index, entry.name)
+                        continue
+                    # Two entries with one name, or an entry that gives a name twice, each
+                    # get their own words: "the name 'a' is also model 'a''s" named neither.
+                    other_index, other = seen[name]
+                    if other_index == index:
+                        raise ValueError(f"model {entry.name!r}: the name {name!r} is listed twice")
+                    if other == entry.name:
+                        raise ValueError(f"two models are named {name!r}")
+                    raise ValueError(
+                        f"model {entry.name!r}: the name {name!r} is also model {other!r}'s"
+                    )
             if self.default_model is not None and self.default_model not in seen:
                 raise ValueError(f"'default_model' {self.default_model!r} is not a listed model")
             return

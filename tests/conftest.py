@@ -37,6 +37,17 @@ def llama_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
+def second_llama_server(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Another real llama.cpp server with the same model, for a second model behind one proxy
+    (tests/test_e2e_models_llamacpp.py). Small: two slots, a short context."""
+    log = tmp_path_factory.mktemp("llama-2") / "server.log"
+    with EmbeddedBackend(smollm2_gguf, parallel=2, ctx_size=2048, log_path=log) as backend:
+        yield backend.url
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_gguf: Path) -> LoadedTokenizer:
     """The bundled model's tokenizer, read from its GGUF as the proxy does."""
     return load_tokenizer(smollm2_gguf)
@@ -46,3 +57,10 @@ def smollm2_tokenizer(smollm2_gguf: Path) -> LoadedTokenizer:
 def smollm2_vocabulary(smollm2_tokenizer: LoadedTokenizer) -> Vocabulary:
     """The tokenizer plus its retokenizer scheme, built once (it takes about a second)."""
     return Vocabulary.build(smollm2_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def qwen3_vocabulary() -> Vocabulary:
+    """Qwen3's tokenizer.json (another family than SmolLM2: 151k IDs, its own pre-tokenizer),
+    for a second model behind one proxy. Built once: it takes about five seconds."""
+    return Vocabulary.build(load_tokenizer(assets.QWEN3_TOKENIZER.ensure()))

@@ -32,9 +32,9 @@ from proxy.core.endpoints import (
     endpoint_for,
     generates_unpoliced_text,
 )
-from proxy.core.errors import Forbidden
+from proxy.core.errors import Forbidden, ProxyError
 from proxy.core.http.body_coding import decode_body
-from proxy.core.http.json_body import requested_model
+from proxy.core.http.json_body import MODEL_LOOKUP_BYTES, requested_model
 from proxy.core.http.request import CompletionRequest, LimitsFor
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire.codec_request import decode_codec_request
@@ -45,7 +45,7 @@ from proxy.server.policed_json import police_json
 from proxy.server.relay import relay
 from proxy.server.request_body import read_request_body
 from proxy.server.served_models import MODEL as MODEL_KEY
-from proxy.server.served_models import SERVED_MODELS, ServedModel, route_request
+from proxy.server.served_models import ServedModel, route_request
 from proxy.server.streaming import combined_header, request_target
 
 # Path B's `CodecRequest` has no model field (codec-spec.md §3.3): this header names it.
@@ -71,10 +71,12 @@ def prompt_limits(request: web.Request) -> LimitsFor:
     if MODEL_KEY in request:
         routed = request[MODEL_KEY]
         return routed.prompt_limits(live.model(routed.name).max_prompt_ids)
-    served = request.app[SERVED_MODELS]
 
     def limits(fields: Mapping[str, Any]) -> PromptLimits:
-        model = served.route(fields.get("model"))
+        # Routed here, not only after parsing: a Codec body's unknown model is refused from
+        # inside the parser, and the refusal must still be labelled `unknown` in metrics and
+        # the access log (a bare `route` left it `none`, as if no model applied).
+        model = route_request(request, fields.get("model"))
         return model.prompt_limits(live.model(model.name).max_prompt_ids)
 
     return limits
@@ -174,6 +176,21 @@ async def other_routes(request: web.Request) -> web.StreamResponse:
                 code="route_not_policed",
             )
     data = await read_request_body(request)
-    coded = combined_header(request, "Content-Encoding") is not None
-    route_request(request, None if coded else requested_model(data))
+    route_request(request, _model_named(data, combined_header(request, "Content-Encoding")))
     return await relay(request, body=data)
+
+
+def _model_named(data: bytes, coding: str | None) -> object | None:
+    """The `model` a relayed body names, compressed or not (None: none, or not readable).
+
+    A compressed body is decoded for this only, up to the lookup cap: taking it for one that
+    names no model sent an embeddings request for one model to another's backend. It still
+    goes upstream as it was sent; a coding we do not know, a corrupt or a large body goes to
+    the default model, as one we cannot read always did.
+    """
+    if coding is None:
+        return requested_model(data)
+    try:
+        return requested_model(decode_body(data, coding, max_bytes=MODEL_LOOKUP_BYTES))
+    except ProxyError:
+        return None

@@ -37,7 +37,9 @@ async def get_model(request: web.Request) -> web.StreamResponse:
     if served.listed_names is None:
         return await _relay(request)
     name = request.match_info["name"]
-    served.route(name)  # 404 model_not_found
+    # 404 model_not_found; routed (not only looked up) so that the 404 is counted and logged
+    # under `unknown`, like every other request naming a model the proxy does not serve.
+    route_request(request, name)
     body = model_document(name, created=_STARTED, owned_by=_OWNED_BY)
     return web.Response(body=body, content_type="application/json")
 

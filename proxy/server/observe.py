@@ -1,6 +1,6 @@
 """One record per request: filled in by the handlers, logged once, counted once.
 
-The access log is one line per request (JSON by default): id, route, mode, stream_format,
+The access log is one line per request (JSON by default): id, route, mode, model, stream_format,
 encoding, client version, status, tokens, bytes, time to first byte, duration and outcome.
 `X-Request-Id` is taken from the client when it sends one (so a trace crosses the proxy) or
 made up, then forwarded upstream and echoed back.
@@ -73,6 +73,9 @@ class RequestRecord:
         fields.pop("started")
         fields.pop("last_write")
         fields.pop("completed")
+        # The value the metrics carry (`none` for requests no model applies to), so a log
+        # line and the series it was counted in can be matched by the same label.
+        fields["model"] = self.model or NO_MODEL
         fields["duration"] = round(time.monotonic() - self.started, 6)
         if self.ttft is not None:
             fields["ttft"] = round(self.ttft, 6)
