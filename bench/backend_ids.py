@@ -14,13 +14,12 @@ chunks is the reference. Best of several rounds; nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from pydoc_data.topics import topics
 
+from bench._common import tokenizer_arguments
 from proxy.core.stream.backend_ids import BackendIds
 from proxy.core.stream.retokenizer import Retokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -79,14 +78,7 @@ def best_per_token(run: Callable[[], object], tokens: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, help="default: the bundled SmolLM2 GGUF")
-    parser.add_argument("--tokens", type=int, default=20000)
-    args = parser.parse_args()
-    if args.tokenizer is None:
-        from proxy import assets
-
-        args.tokenizer = assets.SMOLLM2_GGUF.ensure()
+    args = tokenizer_arguments(__doc__.split("\n\n")[0])
     from proxy.tokenizers import load_tokenizer
 
     vocabulary = Vocabulary.build(load_tokenizer(args.tokenizer))

@@ -11,11 +11,11 @@ terminal frame, and every encoder is the proxy's own (proxy/core/wire/frames.py)
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from pathlib import Path
 from pydoc_data.topics import topics
 
+from bench._common import tokenizer_arguments
 from proxy.core.wire.frames import Frame, FrameEncoder, encoder_for
 
 FRAME_SIZES = (1, 2, 4, 8, 16, 64)
@@ -38,14 +38,7 @@ def stream_bytes(encoder: FrameEncoder, ids: list[int], per_frame: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, help="default: the bundled SmolLM2 GGUF")
-    parser.add_argument("--tokens", type=int, default=20000)
-    args = parser.parse_args()
-    if args.tokenizer is None:
-        from proxy import assets
-
-        args.tokenizer = assets.SMOLLM2_GGUF.ensure()
+    args = tokenizer_arguments(__doc__.split("\n\n")[0])
     ids = corpus_ids(args.tokenizer, args.tokens)
     steps = [abs(b - a) for a, b in itertools.pairwise(ids)]
     small = sum(step < 64 for step in steps) / max(1, len(steps))

@@ -14,13 +14,12 @@ sampled stream costs on top. Best of several rounds; nothing is asserted but the
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from pydoc_data.topics import topics
 
+from bench._common import tokenizer_arguments
 from proxy.core.bodies import verified_codec_body
 from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
 from proxy.core.compression.compressors import new_compressor
@@ -109,14 +108,7 @@ def body_run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, help="default: the bundled SmolLM2 GGUF")
-    parser.add_argument("--tokens", type=int, default=20000)
-    args = parser.parse_args()
-    if args.tokenizer is None:
-        from proxy import assets
-
-        args.tokenizer = assets.SMOLLM2_GGUF.ensure()
+    args = tokenizer_arguments(__doc__.split("\n\n")[0])
     from proxy.tokenizers import load_tokenizer
 
     vocabulary = Vocabulary.build(load_tokenizer(args.tokenizer))

@@ -33,6 +33,7 @@ from proxy.tokenizers import LoadedTokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
+from tests.test_e2e_llamacpp import request_body
 
 pytestmark = pytest.mark.backend
 
@@ -50,18 +51,6 @@ QWEN_TEXT = (
 )
 QWEN_PIECE = 3
 HEALTH_AGENT = HEALTH_CHECK_HEADERS["User-Agent"]
-
-
-def llama_body(prompt: str | list[int], **extra: object) -> dict[str, object]:
-    # Greedy, no prompt cache, a fixed seed: the same request gives the same text twice.
-    return {
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "seed": 7,
-        "cache_prompt": False,
-        **extra,
-    }
 
 
 @dataclass
@@ -266,8 +255,8 @@ async def test_each_models_stream_decodes_with_its_own_discovered_map(
         for index, prompt in enumerate(PROMPTS):
             fmt = "protobuf" if index % 2 else "msgpack"
             before = deployment.counts()
-            expected = await json_text(proxy, llama_body(prompt, model=model))
-            body = llama_body(prompt, model=model, stream_format=fmt)
+            expected = await json_text(proxy, request_body(prompt, model=model))
+            body = request_body(prompt, model=model, stream_format=fmt)
             status, headers, raw = await codec(proxy, json=body)
             assert status == 200
             header, tokenizer_map = maps[model]
@@ -310,8 +299,8 @@ async def test_an_unknown_model_reaches_no_backend(deploy: Deploy) -> None:
     proxy = deployment.proxy
     before = deployment.counts()
     requests: list[tuple[str, dict[str, Any]]] = [
-        ("/v1/completions", {"json": llama_body("Hi", model="nope", stream_format="msgpack")}),
-        ("/v1/completions", {"json": llama_body("Hi", model="nope", stream=True)}),
+        ("/v1/completions", {"json": request_body("Hi", model="nope", stream_format="msgpack")}),
+        ("/v1/completions", {"json": request_body("Hi", model="nope", stream=True)}),
         (
             "/v1/chat/completions",
             {
@@ -357,11 +346,11 @@ async def test_drift_on_one_model_refuses_codec_for_that_model_only(deploy: Depl
         assert deployment.counts() == before  # refused before the backend is asked
     maps = await discovered_maps(deployment.origin)
     for model in ("smol-a", "smol-b"):
-        body = llama_body(PROMPTS[0], model=model, stream_format="msgpack")
+        body = request_body(PROMPTS[0], model=model, stream_format="msgpack")
         status, _, raw = await codec(proxy, json=body)
         assert status == 200
         text = rendered(maps[model][1], await codecai_frames(raw, "msgpack"))
-        assert text == await json_text(proxy, llama_body(PROMPTS[0], model=model))
+        assert text == await json_text(proxy, request_body(PROMPTS[0], model=model))
     status, _, raw = await codec(
         proxy, json={"model": "qwen", "prompt": "Hi", "stream_format": "msgpack"}
     )

@@ -44,6 +44,7 @@ from tests.server.conftest import (
     ProxyTestServer,
     app_of,
 )
+from tests.server.support import with_swapped_map_ids
 from tests.server.test_drift import TokenizingBackend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -451,20 +452,6 @@ def gpt2_tokenizer() -> LoadedTokenizer:
     return load_tokenizer(assets.llamacpp_vocab_dir() / "ggml-vocab-gpt-2.gguf")
 
 
-def with_corrupted_map(vocabulary: Vocabulary, text: str) -> Vocabulary:
-    """The same tokenizer, publishing a map in which two of the IDs `text` encodes to are
-    swapped: the frames stay right, and a client decoding them with the map reads other text."""
-    ids = vocabulary.loaded.tokenizer.encode(text, add_special_tokens=False).ids
-    first, second = list(dict.fromkeys(ids))[:2]
-    content = vocabulary.map_content
-    swap = {first: second, second: first}
-    vocab = {token: swap.get(i, i) for token, i in content.vocab.items()}
-    corrupted = Vocabulary(vocabulary.loaded, vocabulary.scheme, vocabulary.token_bytes)
-    # `map_content` is a cached property: seeding the cache is how the map is replaced.
-    corrupted.__dict__["map_content"] = dataclasses.replace(content, vocab=vocab)
-    return corrupted
-
-
 async def make_reload_fail(app: web.Application) -> None:
     """Have `app` attempt a configuration reload that is refused, as a SIGHUP with a broken
     config file would (codec_proxy_config_reloads_total{result="error"}).
@@ -527,7 +514,7 @@ async def fleet(
                 drift_check=False,
             ),
             "verify": await proxy(
-                with_corrupted_map(smollm2_vocabulary, text),
+                with_swapped_map_ids(smollm2_vocabulary, text),
                 model="verify",
                 upstream=(await url_of(corrupted.app()),),
                 drift_check=False,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.server.conftest import ProxyClient
 
 Decodable = Literal["msgpack", "msgpack-delta", "protobuf"]
@@ -29,3 +31,18 @@ def frames_of(raw: bytes, fmt: Decodable) -> list[Frame]:
 
 def ids_of(frames: list[Frame]) -> list[int]:
     return [i for frame in frames for i in frame.ids]
+
+
+def with_swapped_map_ids(vocabulary: Vocabulary, text: str) -> Vocabulary:
+    """The same tokenizer, publishing a map in which the first two IDs `text` encodes to are
+    swapped: the frames stay what the tokenizer gives, and a client decoding them with the
+    published map reads other text (what continuous verification must catch)."""
+    ids = vocabulary.loaded.tokenizer.encode(text, add_special_tokens=False).ids
+    first, second = list(dict.fromkeys(ids))[:2]
+    content = vocabulary.map_content
+    swap = {first: second, second: first}
+    vocab = {token: swap.get(i, i) for token, i in content.vocab.items()}
+    swapped = Vocabulary(vocabulary.loaded, vocabulary.scheme, vocabulary.token_bytes)
+    # `map_content` is a cached property: seeding its cache is how the published map changes.
+    swapped.__dict__["map_content"] = dataclasses.replace(content, vocab=vocab)
+    return swapped

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from dataclasses import replace
 from typing import Any
@@ -17,23 +16,10 @@ from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpClient, ProxyClient, ProxyTestServer, default_model
-from tests.server.support import frames_of, post
+from tests.server.support import frames_of, post, with_swapped_map_ids
 
 CAPTURE = "llamacpp-completions-sample.txt"
 CODEC = {"prompt": "Hi", "max_tokens": 32, "stream_format": "msgpack"}
-
-
-def corrupted(vocabulary: Vocabulary, text: str) -> Vocabulary:
-    """The same tokenizer publishing a map in which two IDs of `text` are swapped: the frames
-    stay what the tokenizer says, a client decoding them with the map reads other text."""
-    ids = vocabulary.loaded.tokenizer.encode(text, add_special_tokens=False).ids
-    first, second = list(dict.fromkeys(ids))[:2]
-    content = vocabulary.map_content
-    swap = {first: second, second: first}
-    vocab = {token: swap.get(i, i) for token, i in content.vocab.items()}
-    bad = Vocabulary(vocabulary.loaded, vocabulary.scheme, vocabulary.token_bytes)
-    bad.__dict__["map_content"] = dataclasses.replace(content, vocab=vocab)  # the cached map
-    return bad
 
 
 async def serving(
@@ -84,7 +70,7 @@ async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
     capture = load_capture(CAPTURE)
     text = capture.stream_text()
     upstream.script = Script(capture, chunk_size=7)
-    bad = corrupted(smollm2_vocabulary, text)
+    bad = with_swapped_map_ids(smollm2_vocabulary, text)
     proxy = await serving(aiohttp_client, settings, bad, verify_sample_rate=1.0)
     with caplog.at_level(logging.ERROR, logger="codec_proxy"):
         status, headers, raw = await post(
@@ -113,7 +99,7 @@ async def test_refused_after_n_mismatches_until_a_clean_drift_check(
 ) -> None:
     capture = load_capture(CAPTURE)
     upstream.script = Script(capture, chunk_size=7)
-    bad = corrupted(smollm2_vocabulary, capture.stream_text())
+    bad = with_swapped_map_ids(smollm2_vocabulary, capture.stream_text())
     proxy = await serving(
         aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
     )
