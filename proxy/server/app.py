@@ -27,6 +27,7 @@ from proxy.server.live import LIVE, LiveConfig, build_live, snapshot_middleware
 from proxy.server.local import READINESS, SCHEMA_TEXT
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.observe import echo_request_id, observe_middleware
+from proxy.server.reload import ON_RELOAD, install_reloads
 from proxy.server.served_models import (
     SERVED_MODELS,
     Tokenizers,
@@ -106,9 +107,14 @@ def create_app(
     # Chat streams carry tool calls, so field 4 and ToolCall are part of what we emit.
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
+    install_reloads(app)
+    # The per-model gauges say whether Codec is switched on, which a reload may change.
+    app[ON_RELOAD].append(lambda current: served.publish_gauges(metrics, current))
     app.on_response_prepare.append(echo_request_id)
     # The one place the header floors are applied (server/versioning.py).
     app.on_response_prepare.append(strip_withheld_headers)
-    app.cleanup_ctx.append(served_models_context(settings, lambda: served.publish_gauges(metrics)))
+    app.cleanup_ctx.append(
+        served_models_context(settings, lambda: served.publish_gauges(metrics, app[LIVE].current))
+    )
     app.add_routes(routes())
     return app
