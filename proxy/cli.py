@@ -2,6 +2,7 @@
 
 codec-proxy serve --upstream URL --tokenizer PATH [--host H] [--port P] [--model NAME]
 codec-proxy embedded [--model-file GGUF] [--port 8080]     # real llama.cpp + the proxy
+codec-proxy reload [--pid-file PATH | --pid PID] [--config FILE]   # SIGHUP: apply the config again
 codec-proxy client [--url URL] [--format msgpack|msgpack-delta|protobuf] [--max-tokens N] PROMPT
 codec-proxy map generate --tokenizer PATH --id ID [--out FILE]
 codec-proxy map verify FILE [--tokenizer PATH]
@@ -12,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from proxy import __version__, config, logs
+from proxy import __version__, config, hangups, logs, pidfile
+from proxy.config import ConfigSource
 from proxy.core.errors import ConfigError
 from proxy.settings import ModelSettings, Settings
 
@@ -73,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
         "check-config", help="validate a config file (and CODEC_PROXY_* variables) and exit"
     )
     check.add_argument("file", type=Path)
+
+    reloading = commands.add_parser(
+        "reload",
+        help="make a running proxy apply its config file again (SIGHUP; every worker)",
+    )
+    target = reloading.add_mutually_exclusive_group()
+    target.add_argument(
+        "--pid-file", type=Path, help="the running proxy's pid_file (default: pid_file's setting)"
+    )
+    target.add_argument("--pid", type=int, help="the running proxy's process id")
+    reloading.add_argument(
+        "--config", type=Path, help="check this file first; when invalid, signal nothing"
+    )
     commands.add_parser(
         "config-example", help="print a config file with every setting and its default"
     )
@@ -106,42 +124,71 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def config_source(args: argparse.Namespace, **overrides: Any) -> ConfigSource:
+    """How this process is configured: what a reload reads again."""
+    return ConfigSource.of_process(args.config, {**config.flags_of(args), **overrides})
+
+
 def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     """Defaults, then the config file, then CODEC_PROXY_* variables, then flags."""
+    return _settings_of(config_source(args, **overrides))
+
+
+def _settings_of(source: ConfigSource) -> Settings:
     try:
-        return config.load(file=args.config, flags={**config.flags_of(args), **overrides})
+        return source.load()
     except ConfigError as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
 
 
-def run_proxy(settings: Settings, *, banner: str = "") -> None:
+def run_proxy(settings: Settings, *, source: ConfigSource | None = None, banner: str = "") -> None:
+    # Before the pid file says where we are: a reload signalled while starting is kept.
+    hangups.defer()
     logs.configure(settings.log_format, settings.log_level)
-    if settings.workers > 1:
-        from proxy.server.workers import supervise
+    with pidfile.written(settings.pid_file):
+        if settings.workers > 1:
+            from proxy.server.workers import supervise
 
-        print(f"codec-proxy: {settings.workers} workers on port {settings.port}", flush=True)
-        if banner:
-            print(banner, flush=True)
-        supervise(settings, run_worker)
-        return
-    run_worker(settings, 0, banner)
+            print(f"codec-proxy: {settings.workers} workers on port {settings.port}", flush=True)
+            if banner:
+                print(banner, flush=True)
+            supervise(settings, functools.partial(run_worker, settings, source=source))
+            return
+        run_worker(settings, 0, source=source, banner=banner)
 
 
-def run_worker(settings: Settings, index: int, banner: str = "") -> None:
-    """One serving process (the only one, or one of `--workers N`)."""
+def run_worker(
+    settings: Settings,
+    index: int,
+    reload_at_start: bool = False,
+    *,
+    source: ConfigSource | None = None,
+    banner: str = "",
+) -> None:
+    """One serving process (the only one, or one of `--workers N`).
+
+    `source`: how the settings were read, read again on SIGHUP. `reload_at_start`: a worker
+    restarted after a reload applies the file at once, as its siblings did.
+    """
     from proxy.core.compression.dictionaries import DictionaryError
     from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
+    from proxy.server.reload import CONFIG_SOURCE
     from proxy.server.runner import serve as serve_app
     from proxy.server.served_models import SERVED_MODELS
     from proxy.tokenizers import TokenizerLoadError
 
     if settings.workers > 1:  # every worker is spawned, 0 too: logging starts unconfigured
+        hangups.defer()
         logs.configure(settings.log_format, settings.log_level)
+    if reload_at_start:
+        hangups.remember()
     try:
         app = create_app(settings)
     except (TokenizerLoadError, TokenizerMapError, ConfigError, DictionaryError) as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
+    if source is not None:
+        app[CONFIG_SOURCE] = source
     served = app[SERVED_MODELS]
     for model in served:
         for caveat in model.vocabulary.map_content.caveats:
@@ -188,8 +235,50 @@ def check_config(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    run_proxy(load_settings(args))
+    source = config_source(args)
+    run_proxy(_settings_of(source), source=source)
     return 0
+
+
+def reload(args: argparse.Namespace) -> int:
+    """Check the file (when given), then SIGHUP the running proxy; its log says what changed."""
+    pid_path: Path | None = args.pid_file
+    if args.config is not None:
+        try:
+            checked = config.load(file=args.config)
+        except ConfigError as exc:
+            print(f"codec-proxy: {exc.message} (nothing signalled)", file=sys.stderr)
+            return 2
+        pid_path = pid_path or checked.pid_file
+    pid: int = args.pid
+    try:
+        if args.pid is None:
+            pid_path = pid_path or _pid_file_variable()
+            pid = pidfile.read(pid_path)
+    except pidfile.PidFileError as exc:
+        print(f"codec-proxy: {exc}", file=sys.stderr)
+        return 1
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        stale = "" if args.pid is not None else f" (stale pid file {pid_path})"
+        print(f"codec-proxy: no process {pid}{stale}", file=sys.stderr)
+        return 1
+    except PermissionError:
+        print(f"codec-proxy: not allowed to signal process {pid}", file=sys.stderr)
+        return 1
+    print(f"codec-proxy: sent SIGHUP to {pid}; its log says what the reload changed")
+    return 0
+
+
+def _pid_file_variable() -> Path:
+    """`CODEC_PROXY_PID_FILE`, as the running proxy may have been given it."""
+    value = os.environ.get(f"{config.ENV_PREFIX}PID_FILE", "").strip()
+    if value.lower() in ("", "none", "null"):
+        raise pidfile.PidFileError(
+            "no process to signal: pass --pid-file or --pid (or set pid_file)"
+        )
+    return Path(value)
 
 
 def embedded(args: argparse.Namespace) -> int:
@@ -211,7 +300,8 @@ def embedded(args: argparse.Namespace) -> int:
         # names the GGUF's path); `--model` chooses another.
         name, args.model = args.model or EMBEDDED_MODEL_NAME, None
         served = ModelSettings(name=name, upstreams=(backend.url,), tokenizer=model)
-        settings = load_settings(args, models=(served,))
+        source = config_source(args, models=(served,))
+        settings = _settings_of(source)
         url = f"http://{settings.host}:{settings.port}"
         command = _own_command()
         banner = "\n".join(
@@ -226,7 +316,7 @@ def embedded(args: argparse.Namespace) -> int:
                 "Ctrl-C stops both.",
             ]
         )
-        run_proxy(settings, banner=banner)
+        run_proxy(settings, source=source, banner=banner)
     finally:
         backend.stop()
     return 0
@@ -271,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "map": tokenizer_map,
         "dict": dictionary,
         "check-config": check_config,
+        "reload": reload,
         "config-example": config_example,
     }
     return handlers[args.command](args)

@@ -431,3 +431,25 @@ def describe(settings: Settings) -> str:
             value = "<redacted>"
         lines.append(f"{field.name} = {value!r}")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSource:
+    """How a process was configured, kept so that a reload (SIGHUP) reads the same way: the
+    file again, over the environment and flags it started with, which still beat the file."""
+
+    file: Path | None = None
+    # Not in the repr: both may hold API keys.
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    flags: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of_process(cls, file: Path | None, flags: Mapping[str, Any]) -> ConfigSource:
+        """This process's: its `CODEC_PROXY_*` variables as they are now (they cannot change
+        from outside while it runs), its flags."""
+        env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+        return cls(file, env, dict(flags))
+
+    def load(self) -> Settings:
+        """The settings as the sources say now; `ConfigError` naming the key and the problem."""
+        return load(file=self.file, env=self.env, flags=self.flags)

@@ -50,3 +50,8 @@ def configure(log_format: str, level: str) -> None:
     root.setLevel(level)
     # aiohttp's own access log would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def set_level(level: str) -> None:
+    """The level of every logger that has none of its own (a reload's `log_level`)."""
+    logging.getLogger().setLevel(level)

@@ -27,8 +27,8 @@ from proxy.server.live import LIVE, LiveConfig, build_live, snapshot_middleware
 from proxy.server.local import READINESS, SCHEMA_TEXT
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.observe import echo_request_id, observe_middleware
+from proxy.server.reload import ON_RELOAD, install_reloads
 from proxy.server.served_models import (
-    PUBLISH_GAUGES,
     SERVED_MODELS,
     Tokenizers,
     build_served_models,
@@ -112,13 +112,13 @@ def create_app(
     # The one place the header floors are applied (server/versioning.py).
     app.on_response_prepare.append(strip_withheld_headers)
 
-    def publish_gauges() -> None:
-        live = app[LIVE].current
-        enabled = {name: live.settings.codec_enabled and m.codec_enabled
-                   for name, m in live.models.items()}  # fmt: skip
-        served.publish_gauges(metrics, enabled)
-
-    app[PUBLISH_GAUGES] = publish_gauges
-    app.cleanup_ctx.append(served_models_context(settings, publish_gauges))
+    install_reloads(app)
+    # The per-model gauges say whether Codec is switched on, which a reload may change; a
+    # reload also ends a refusal for verification mismatches.
+    app[ON_RELOAD].append(lambda _: served.reset_verification())
+    app[ON_RELOAD].append(lambda current: served.publish_gauges(metrics, current))
+    app.cleanup_ctx.append(
+        served_models_context(settings, lambda: served.publish_gauges(metrics, app[LIVE].current))
+    )
     app.add_routes(routes())
     return app

@@ -1,4 +1,4 @@
-"""Run one worker: listen, serve until SIGTERM or SIGINT, drain, exit.
+"""Run one worker: listen, serve until SIGTERM or SIGINT, drain, exit; SIGHUP reloads.
 
 Not `web.run_app`: its shutdown stops listening and then waits on handlers without a way to
 end a stream with its terminal frame. Here the order is the one a rolling deploy needs:
@@ -15,10 +15,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from proxy import hangups
 from proxy.core.backend.readiness import Check
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.local import READINESS
 from proxy.server.protocol import ProxyRunner
+from proxy.server.reload import schedule_reload
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -60,6 +62,10 @@ async def serve(
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
+    # The reload runs as a task (proxy/server/reload.py): the loop keeps serving meanwhile.
+    loop.add_signal_handler(signal.SIGHUP, schedule_reload, app)
+    if hangups.take():  # one came while the process was starting
+        schedule_reload(app)
     try:
         await stop.wait()
         lifecycle = app[LIFECYCLE]
@@ -87,6 +93,9 @@ async def serve(
         if ended:
             log.warning("drain: %d stream(s) still open at exit", ended)
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+        # Removing the handler restored SIGHUP's default action, which would end the process
+        # while it closes; a reload now has nothing left to apply to.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         await runner.cleanup()

@@ -30,6 +30,7 @@ from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
 from proxy.server.drift import DriftMonitor
+from proxy.server.live import Live
 from proxy.server.metrics import Metrics
 from proxy.server.models import UpstreamModels
 from proxy.server.observe import RECORD
@@ -175,21 +176,25 @@ class ServedModels:
             },
         }
 
-    def publish_gauges(self, metrics: Metrics, enabled: Mapping[str, bool]) -> None:
-        """Per-model state gauges, as of now (set again whenever a check reports or the
-        configuration is reloaded); `enabled`: each model's `codec_enabled` in force."""
+    def reset_verification(self) -> None:
+        """After a reload: mismatches counted so far no longer refuse Codec for any model."""
+        for model in self:
+            model.verification.reset()
+
+    def publish_gauges(self, metrics: Metrics, live: Live) -> None:
+        """Per-model state gauges, as of now (set again whenever a check reports, and after a
+        reload: `live` holds the rollout switches in force)."""
         for model in self:
             tokenizer = model.readiness.get("tokenizer")
             drifted = tokenizer is not None and tokenizer.reason == "tokenizer_mismatch"
             metrics.drift_detected.labels(model.name).set(1 if drifted else 0)
-            codec = enabled.get(model.name, True) and model.readiness.codec_refusal() is None
+            switched_on = live.settings.codec_enabled and live.model(model.name).codec_enabled
+            codec = switched_on and model.readiness.codec_refusal() is None
             metrics.codec_available.labels(model.name).set(1 if codec else 0)
             metrics.model_ready.labels(model.name).set(1 if model.readiness.ready else 0)
 
 
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
-# Sets the per-model state gauges from the checks and the configuration in force.
-PUBLISH_GAUGES = web.AppKey[Callable[[], None]]("publish_gauges")
 MODEL = web.RequestKey("model", ServedModel)
 
 
