@@ -11,11 +11,18 @@ from typing import Any
 import pytest
 
 from proxy.server import create_app
+from proxy.server.reload import reload_config
 from proxy.server.verification import _DECODERS
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import AiohttpClient, ProxyClient, ProxyTestServer, default_model
+from tests.server.conftest import (
+    AiohttpClient,
+    ProxyClient,
+    ProxyTestServer,
+    app_of,
+    default_model,
+)
 from tests.server.support import frames_of, post, with_swapped_map_ids
 
 CAPTURE = "llamacpp-completions-sample.txt"
@@ -117,9 +124,11 @@ async def test_refused_after_n_mismatches_until_a_clean_drift_check(
     assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
         report["reasons"]
     )
-    # What a clean drift check does (proxy/server/served_models.py): the refusal is lifted.
-    default_model(proxy).verification.reset()
+    # A reload lifts the refusal (so does a drift check that matches: served_models.py).
+    result = await reload_config(app_of(proxy))
+    assert result.ok
     assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+    assert 'codec_proxy_codec_available{model="default"} 1.0' in await metrics(proxy)
 
 
 async def test_rate_zero_verifies_nothing(
