@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import replace
 from typing import Any
@@ -137,3 +138,30 @@ async def test_rate_zero_verifies_nothing(
     proxy = await serving(aiohttp_client, settings, smollm2_vocabulary, verify_sample_rate=0.0)
     assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
     assert "codec_proxy_verify_streams_total{" not in await metrics(proxy)
+
+
+async def test_ids_a_corrupting_upstream_slips_in_are_caught(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    smollm2_vocabulary: Vocabulary,
+    upstream: FakeUpstream,
+) -> None:
+    """A replay that reports an ID in a chunk with no text: the backend-ID check must send it
+    where it was reported (a tool-call region or a held-back stop string looks just so), so
+    only a client-side decode of what was sent can tell that it is text nobody streamed."""
+    banana = smollm2_vocabulary.loaded.tokenizer.encode(" banana", add_special_tokens=False).ids
+    chunk = {"choices": [{"index": 0, "text": "", "token_ids": banana}]}
+    upstream.script = Script(
+        load_capture("vllm-completions-token-ids.txt"),
+        inject_after_events=3,
+        inject=b"data: " + json.dumps(chunk).encode() + b"\n\n",
+    )
+    proxy = await serving(aiohttp_client, settings, smollm2_vocabulary, verify_sample_rate=1.0)
+    status, headers, raw = await post(proxy, "/v1/completions", json=CODEC)
+    assert status == 200
+    assert headers["Codec-Token-Source"] == "backend"
+    sent = [i for frame in frames_of(raw, "msgpack") for i in frame.ids]
+    assert all(i in sent for i in banana)  # it reached the client
+    text = await metrics(proxy)
+    assert 'codec_proxy_verify_mismatches_total{model="default",token_source="backend"} 1.0' in text
+    assert 'codec_proxy_verify_streams_total{model="default",result="mismatch"} 1.0' in text
