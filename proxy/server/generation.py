@@ -44,7 +44,6 @@ from proxy.server.live import config_of
 from proxy.server.policed_json import police_json
 from proxy.server.relay import relay
 from proxy.server.request_body import read_request_body
-from proxy.server.served_models import MODEL as MODEL_KEY
 from proxy.server.served_models import ServedModel, route_request
 from proxy.server.streaming import combined_header, request_target
 
@@ -64,20 +63,20 @@ async def off_loop(size: int, work: Callable[[], T]) -> T:
     return await asyncio.to_thread(work)
 
 
+def model_limits(request: web.Request, model: ServedModel) -> PromptLimits:
+    """`model`'s prompt limits: its vocabulary and `max_prompt_ids` (else its backend's
+    context length, else the default)."""
+    return model.prompt_limits(config_of(request).model(model.name).max_prompt_ids)
+
+
 def prompt_limits(request: web.Request) -> LimitsFor:
-    """How a body's fields give its prompt limits: the model they name, its vocabulary and
-    `max_prompt_ids` (else its backend's context length, else the default)."""
-    live = config_of(request)
-    if MODEL_KEY in request:
-        routed = request[MODEL_KEY]
-        return routed.prompt_limits(live.model(routed.name).max_prompt_ids)
+    """The limits of the model a body's fields name, routing the request on the way."""
 
     def limits(fields: Mapping[str, Any]) -> PromptLimits:
         # Routed here, not only after parsing: a Codec body's unknown model is refused from
         # inside the parser, and the refusal must still be labelled `unknown` in metrics and
         # the access log (a bare `route` left it `none`, as if no model applied).
-        model = route_request(request, fields.get("model"))
-        return model.prompt_limits(live.model(model.name).max_prompt_ids)
+        return model_limits(request, route_request(request, fields.get("model")))
 
     return limits
 
@@ -142,11 +141,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions_codec(request: web.Request) -> web.StreamResponse:
-    route_request(request, request.headers.get(MODEL_HEADER))
+    model = route_request(request, request.headers.get(MODEL_HEADER))
     _, body = await read_body(request)
     content_type = request.headers.get("Content-Type")
-    limits = prompt_limits(request)
-    assert isinstance(limits, PromptLimits)  # routed above
+    limits = model_limits(request, model)
     parsed = await off_loop(len(body), lambda: decode_codec_request(body, content_type, limits))
     plan = codec_plan(
         request,
