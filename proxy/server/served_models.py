@@ -24,7 +24,7 @@ from proxy.core.backend.drift import DriftState, DriftVerdict
 from proxy.core.backend.readiness import Readiness
 from proxy.core.backend.routing import NO_MODEL, UNKNOWN_MODEL, ModelRoutes
 from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries
-from proxy.core.errors import BadRequest, ConfigError
+from proxy.core.errors import BadRequest, ConfigError, ProxyError
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
@@ -278,12 +278,11 @@ def _naming(config: ModelConfig, *, several: bool) -> Iterator[None]:
     """Errors while building a model name it, when there is more than one."""
     try:
         yield
-    except Exception as exc:
-        message = getattr(exc, "message", None)
-        if not several or not isinstance(message, str):
-            raise
-        exc.message = f"model {config.name!r}: {message}"  # type: ignore[attr-defined]
-        exc.args = (exc.message,)  # type: ignore[attr-defined]
+    except ProxyError as exc:
+        if several:
+            # The same error, its one line now saying whose: start-up prints exactly this.
+            exc.message = f"model {config.name!r}: {exc.message}"
+            exc.args = (exc.message,)
         raise
 
 
