@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.core.errors import ConfigError
 from proxy.core.http.access import CodecAccess
 from proxy.core.http.upgrade import VersionPolicy
 from proxy.core.safety.policy import SafetyPolicy
@@ -57,8 +58,6 @@ def build_live(
 ) -> Live:
     """Everything checked and built before anything is swapped in: `ConfigError` (and the
     safety policy's and key file's own errors) when the settings cannot be used."""
-    from proxy.core.errors import ConfigError
-
     if settings.enforce_safety_policy and settings.safety_policy is None:
         raise ConfigError("enforce_safety_policy needs a safety policy file (safety_policy)")
     version_policy = VersionPolicy(
