@@ -46,7 +46,7 @@ from proxy.server.live import config_of
 from proxy.server.metrics import METRICS
 from proxy.server.observe import RECORD
 from proxy.server.relay import relay_response
-from proxy.server.served_models import ServedModel, model_of
+from proxy.server.served_models import SERVED_MODELS, ServedModel, model_of
 from proxy.server.streaming import (
     combined_header,
     forward_headers,
@@ -312,15 +312,15 @@ async def _serve(
         overhead=app[METRICS].overhead.labels("codec", model_of(request).name),
     )
     _account(request, plan, guard, exchange)
-    if sampled:
-        model_of(request).verification.record(
-            body.verification if body.done else None,
-            token_source=guard.token_source or RETOKENIZED,
-            request_id=request[RECORD].id,
-            settings=config_of(request).settings,
-            metrics=app[METRICS],
-            now=time.monotonic(),
-        )
+    if sampled and model_of(request).verification.record(
+        body.verification if body.done else None,
+        token_source=guard.token_source or RETOKENIZED,
+        request_id=request[RECORD].id,
+        settings=config_of(request).settings,
+        metrics=app[METRICS],
+        now=time.monotonic(),
+    ):
+        app[SERVED_MODELS].publish_gauges(app[METRICS], config_of(request))
     if guard.stopped is not None:
         # Category names are public (in the descriptor); rule contents never are.
         log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)

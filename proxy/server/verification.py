@@ -52,7 +52,11 @@ class ModelVerification:
     def prepare(self) -> None:
         """Start building the decoder (at start, when streams will be sampled), off the loop."""
         digest = self._published.digest
-        if digest not in _DECODERS and digest not in _BUILDING:
+        if digest in _DECODERS:
+            return
+        building = _BUILDING.get(digest)
+        # A build of another event loop (an app that stopped before it finished) never ends.
+        if building is None or building.get_loop() is not asyncio.get_running_loop():
             _BUILDING[digest] = asyncio.create_task(self._build(), name=f"map-decoder-{digest}")
 
     def decoder_for_stream(self, rate: float) -> tuple[bool, MapDecoder | None]:
@@ -72,7 +76,8 @@ class ModelVerification:
             _DECODERS[published.digest] = decoder
             return decoder
         finally:
-            _BUILDING.pop(published.digest, None)
+            if _BUILDING.get(published.digest) is asyncio.current_task():
+                del _BUILDING[published.digest]
 
     def record(
         self,
@@ -83,15 +88,16 @@ class ModelVerification:
         settings: Settings,
         metrics: Metrics,
         now: float,
-    ) -> None:
-        """Account one sampled stream's verdict (None: skipped)."""
+    ) -> bool:
+        """Account one sampled stream's verdict (None: skipped); True when it made the model
+        refuse Codec (the caller republishes the gauges)."""
         model = self._model
         if verdict is None:
             metrics.verify_streams.labels(model, "skipped").inc()
-            return
+            return False
         if verdict.agreed:
             metrics.verify_streams.labels(model, "match").inc()
-            return
+            return False
         metrics.verify_streams.labels(model, "mismatch").inc()
         metrics.verify_mismatches.labels(model, token_source).inc()
         # The offset and the request id find the stream in the logs; the text never is logged.
@@ -105,16 +111,17 @@ class ModelVerification:
             verdict.first_difference,
             verdict.compared_bytes,
         )
-        if self._tripped(settings, now):
-            detail = (
-                f"{settings.verify_refuse_after} verification mismatch(es) within "
-                f"{settings.verify_window:g}s: Codec is refused until a reload or a clean drift "
-                "check"
-            )
-            log.error("model %s: %s", model, detail)
-            self._readiness.update(
-                Check(VERIFICATION_CHECK, False, REFUSED_REASON, detail, refuses_codec=True)
-            )
+        if not self._tripped(settings, now):
+            return False
+        detail = (
+            f"{settings.verify_refuse_after} verification mismatch(es) within "
+            f"{settings.verify_window:g}s: Codec is refused until a reload or a clean drift check"
+        )
+        log.error("model %s: %s", model, detail)
+        self._readiness.update(
+            Check(VERIFICATION_CHECK, False, REFUSED_REASON, detail, refuses_codec=True)
+        )
+        return True
 
     def _tripped(self, settings: Settings, now: float) -> bool:
         threshold, seconds = settings.verify_refuse_after, settings.verify_window

@@ -125,6 +125,7 @@ async def test_refused_after_n_mismatches_until_a_clean_drift_check(
     assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
         report["reasons"]
     )
+    assert 'codec_proxy_codec_available{model="default"} 0.0' in await metrics(proxy)
     # A reload lifts the refusal (so does a drift check that matches: served_models.py).
     result = await reload_config(app_of(proxy))
     assert result.ok
