@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,47 +16,21 @@ import pytest
 from proxy import assets
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
-from proxy.embedded import free_port
 from proxy.server import create_app
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.process_support import ServeProcess
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient, ProxyTestServer
 
 SAMPLE = "llamacpp-completions-sample.txt"
 
 
-class ProxyProcess:
+class ProxyProcess(ServeProcess):
     def __init__(self, upstream: str, tokenizer: Path, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--tokenizer",
-             str(tokenizer), "--port", str(self.port), "--log-format", "text",
-             # The fake upstream replays completions on every path, /tokenize too.
-             "--drift-check", "off", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-
-    def wait_ready(self) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"proxy did not become ready:\n{self.stop()[-3000:]}")
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        out, _ = self.proc.communicate(timeout=30)
-        return out
+        # The fake upstream replays completions on every path, /tokenize too: no drift check.
+        super().__init__("--upstream", upstream, "--tokenizer", str(tokenizer),
+                         "--drift-check", "off", *extra)  # fmt: skip
 
 
 @pytest.fixture

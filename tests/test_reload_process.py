@@ -4,12 +4,10 @@ file applied by the one process, and by every worker of `--workers 2`."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -17,44 +15,19 @@ import aiohttp
 import pytest
 
 from proxy import pidfile
-from proxy.embedded import free_port
+from tests.process_support import ROOT, ServeProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 CODEC = {"prompt": "Hi", "max_tokens": 4, "stream_format": "msgpack"}
 JSON = {"prompt": "Hi", "max_tokens": 4}
 
 pytestmark = pytest.mark.backend
 
 
-class Served:
+class Served(ServeProcess):
     """`codec-proxy serve --config FILE --pid-file PATH`, run from this checkout."""
 
     def __init__(self, config: Path, pid_file: Path, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--pid-file",
-             str(pid_file), "--port", str(self.port), "--log-format", "text", *extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"proxy did not become ready:\n{self.stop()[-3000:]}")
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        out, _ = self.proc.communicate(timeout=30)
-        return out
+        super().__init__("--config", str(config), "--pid-file", str(pid_file), *extra)
 
 
 @pytest.fixture

@@ -1,0 +1,46 @@
+"""`codec-proxy serve` as a real process on a free port, for the tests that need one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from proxy.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServeProcess:
+    """`python -m proxy serve --port <free> --log-format text ARGS...`, run from this checkout."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--port", str(self.port),
+             "--log-format", "text", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"proxy did not become ready:\n{self.stop()[-3000:]}")
+
+    def stop(self) -> str:
+        """Kill it if it still runs; everything it printed."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        out, _ = self.proc.communicate(timeout=30)
+        return out
