@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +27,8 @@ class ServeProcess:
              "--log-format", "text", *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Its own process group: `stop` takes the workers too, which hold the output pipe.
+            start_new_session=True,
         )  # fmt: skip
 
     def wait_ready(self) -> None:
@@ -39,8 +43,8 @@ class ServeProcess:
         raise AssertionError(f"proxy did not become ready:\n{self.stop()[-3000:]}")
 
     def stop(self) -> str:
-        """Kill it if it still runs; everything it printed."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """Kill it (and its workers) if it still runs; everything it printed."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         out, _ = self.proc.communicate(timeout=30)
         return out

@@ -128,14 +128,15 @@ async def test_two_workers_share_the_port_and_their_metrics(
     for _ in range(6):
         async with aiohttp.ClientSession() as session:
             async with session.get(proxy.url + "/metrics") as resp:
-                text = await resp.text()
+                status, text = resp.status, await resp.text()
         total = sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
             if line.startswith("codec_proxy_requests_total{") and 'route="/v1/completions"' in line
         )
+        # Whichever worker answers, it reports both workers' requests.
+        assert (status, total) == (200, float(requests)), text[:2000]
         totals.add(total)
-    # Whichever worker answers, it reports both workers' requests.
     assert totals == {float(requests)}
     proxy.proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
