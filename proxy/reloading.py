@@ -14,6 +14,7 @@ configuration cannot exist.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -71,29 +72,43 @@ class Merged:
 
 def merge(running: Settings, new: Settings) -> Merged:
     """`running` with the runtime keys of `new`; models are matched by name."""
-    changed: list[str] = []
-    restart: list[str] = []
-    runtime: dict[str, Any] = {}
-    for field in dataclasses.fields(Settings):
-        name = field.name
-        old_value, new_value = getattr(running, name), getattr(new, name)
-        if name in RUNTIME_KEYS:
-            runtime[name] = new_value
-            if new_value != old_value:
-                changed.append(name)
-        elif name == "models":
-            models, model_changed, model_restart = _merge_models(running.models, new.models)
-            runtime[name] = models
-            changed += model_changed
-            restart += model_restart
-        elif new_value != old_value:
-            restart.append(name)
+    runtime, changed, restart = _compare(running, new, RUNTIME_KEYS, models=_merge_models)
     return Merged(dataclasses.replace(running, **runtime), tuple(changed), tuple(restart))
 
 
-def _merge_models(
-    running: tuple[ModelSettings, ...], new: tuple[ModelSettings, ...]
-) -> tuple[tuple[ModelSettings, ...], list[str], list[str]]:
+# The values to apply, the runtime keys that changed, the other keys that differ.
+Compared = tuple[Any, list[str], list[str]]
+
+
+def _compare(
+    running: Any,
+    new: Any,
+    runtime_keys: tuple[str, ...],
+    *,
+    prefix: str = "",
+    **nested: Callable[[Any, Any], Compared],
+) -> Compared:
+    """One dataclass against another, in field order; a `nested` key is compared by its own
+    function (the models, entry by entry), the others by value, named with `prefix`."""
+    runtime: dict[str, Any] = {}
+    changed: list[str] = []
+    restart: list[str] = []
+    for field in dataclasses.fields(running):
+        key = field.name
+        old_value, new_value = getattr(running, key), getattr(new, key)
+        if key in nested:
+            runtime[key], inner_changed, inner_restart = nested[key](old_value, new_value)
+            changed += inner_changed
+            restart += inner_restart
+            continue
+        if key in runtime_keys:
+            runtime[key] = new_value
+        if new_value != old_value:
+            (changed if key in runtime_keys else restart).append(prefix + key)
+    return runtime, changed, restart
+
+
+def _merge_models(running: tuple[ModelSettings, ...], new: tuple[ModelSettings, ...]) -> Compared:
     by_name = {entry.name: entry for entry in new}
     running_names = {entry.name for entry in running}
     changed: list[str] = []
@@ -105,16 +120,11 @@ def _merge_models(
             restart.append(f"models[{entry.name}] (removed)")
             merged.append(entry)
             continue
-        updates = {}
-        for field in dataclasses.fields(ModelSettings):
-            key = field.name
-            old_value, new_value = getattr(entry, key), getattr(fresh, key)
-            if key in RUNTIME_MODEL_KEYS:
-                updates[key] = new_value
-                if new_value != old_value:
-                    changed.append(f"models[{entry.name}].{key}")
-            elif new_value != old_value:
-                restart.append(f"models[{entry.name}].{key}")
+        updates, model_changed, model_restart = _compare(
+            entry, fresh, RUNTIME_MODEL_KEYS, prefix=f"models[{entry.name}]."
+        )
+        changed += model_changed
+        restart += model_restart
         merged.append(dataclasses.replace(entry, **updates))
     # Without `default_model`, the first entry is the default: an order change moves it.
     common = [e.name for e in new if e.name in running_names]

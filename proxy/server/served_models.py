@@ -185,8 +185,8 @@ class ServedModels:
         """Per-model state gauges, as of now (set again whenever a check reports, and after a
         reload: `live` holds the rollout switches in force)."""
         for model in self:
-            tokenizer = model.readiness.get("tokenizer")
-            drifted = tokenizer is not None and tokenizer.reason == "tokenizer_mismatch"
+            drift = model.drift
+            drifted = drift is not None and drift.verdict.state is DriftState.MISMATCHED
             metrics.drift_detected.labels(model.name).set(1 if drifted else 0)
             switched_on = live.settings.codec_enabled and live.model(model.name).codec_enabled
             codec = switched_on and model.readiness.codec_refusal() is None
