@@ -7,7 +7,7 @@ Each body (Path A JSON, Path B msgpack and protobuf) holds N random IDs of SmolL
 vocabulary and goes through the core parser the handlers call. `parse` is its time on the
 calling thread (best of 3); `loop stall` is the longest an asyncio timer firing every
 millisecond waited while the same parse ran in a worker thread, as the handlers run it
-(proxy/server/generation.py). With M < N, the time to the 413 `prompt_too_long`.
+(proxy/server/control/generation.py). With M < N, the time to the 413 `prompt_too_long`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedIds, PolicedText
 from proxy.core.stream.chunks import parse_completion_chunk
 from proxy.core.stream.transcode import CodecTranscoder
-from proxy.server.policy_file import read_policy_file
+from proxy.server.models.policy_file import read_policy_file
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 

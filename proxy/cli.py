@@ -147,7 +147,7 @@ def run_proxy(settings: Settings, *, source: ConfigSource | None = None, banner:
     logs.configure(settings.log_format, settings.log_level)
     with pidfile.written(settings.pid_file):
         if settings.workers > 1:
-            from proxy.server.workers import supervise
+            from proxy.server.process.workers import supervise
 
             print(f"codec-proxy: {settings.workers} workers on port {settings.port}", flush=True)
             if banner:
@@ -173,9 +173,9 @@ def run_worker(
     from proxy.core.compression.dictionaries import DictionaryError
     from proxy.core.errors import TokenizerMapError
     from proxy.server import create_app
-    from proxy.server.reload import CONFIG_SOURCE
-    from proxy.server.runner import serve as serve_app
-    from proxy.server.served_models import SERVED_MODELS
+    from proxy.server.models.served_models import SERVED_MODELS
+    from proxy.server.process.reload import CONFIG_SOURCE
+    from proxy.server.process.runner import serve as serve_app
     from proxy.tokenizers import TokenizerLoadError
 
     if settings.workers > 1:  # every worker is spawned, 0 too: logging starts unconfigured

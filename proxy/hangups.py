@@ -3,7 +3,7 @@
 SIGHUP's default action ends a process. A `codec-proxy reload` can come while a process is
 still loading its tokenizers (its pid file is written first, so that it can be found), or while
 the supervisor of `--workers N` is starting a worker. Such a signal must neither end the
-process nor be lost: the reload runs as soon as the process serves (proxy/server/runner.py).
+process nor be lost: the reload runs as soon as the process serves (proxy/server/process/runner.py).
 """
 
 from __future__ import annotations

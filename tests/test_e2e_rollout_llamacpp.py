@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from proxy.server import create_app
-from proxy.server.live import LIVE
-from proxy.server.reload import reload
+from proxy.server.models.live import LIVE
+from proxy.server.process.reload import reload
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames

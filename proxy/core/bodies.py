@@ -1,7 +1,7 @@
 """What a response body is made of: upstream body bytes in, client body bytes out.
 
 Every response the proxy streams from an upstream is one of three kinds, and the edge pumps
-them all the same way (proxy/server/streaming.py): read with the body's `deadline()`, `feed`
+them all the same way (proxy/server/data/pump.py): read with the body's `deadline()`, `feed`
 what arrived, `on_deadline` when the deadline passed first, `flush` at the upstream's end,
 `fail` when the upstream broke; write whatever comes back, and stop reading once `done`.
 

@@ -12,30 +12,31 @@ from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.endpoints import CHAT, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
-from proxy.server import local, model_list, well_known
-from proxy.server.auth import api_key_middleware
-from proxy.server.errors import error_middleware
-from proxy.server.expect import expect_middleware, with_expect_handler
-from proxy.server.generation import (
+from proxy.server.control import local, model_list, well_known
+from proxy.server.control.auth import api_key_middleware
+from proxy.server.control.errors import error_middleware
+from proxy.server.control.expect import expect_middleware, with_expect_handler
+from proxy.server.control.generation import (
     chat_completions,
     completions,
     completions_codec,
     other_routes,
 )
-from proxy.server.lifecycle import LIFECYCLE, Lifecycle
-from proxy.server.live import LIVE, LiveConfig, build_live, snapshot_middleware
-from proxy.server.local import READINESS, SCHEMA_TEXT
-from proxy.server.metrics import METRICS, Metrics
-from proxy.server.observe import echo_request_id, observe_middleware
-from proxy.server.reload import ON_RELOAD, install_reloads
-from proxy.server.served_models import (
+from proxy.server.control.local import SCHEMA_TEXT
+from proxy.server.control.observe import observe_middleware
+from proxy.server.control.versioning import VERSION_NOTICES, VersionNotices, strip_withheld_headers
+from proxy.server.control.well_known import MAPS, PUBLIC_ORIGIN, MapStore
+from proxy.server.data.drain import LIFECYCLE, READINESS, Lifecycle
+from proxy.server.models.live import LIVE, LiveConfig, build_live, snapshot_middleware
+from proxy.server.models.served_models import (
     SERVED_MODELS,
     Tokenizers,
     build_served_models,
     served_models_context,
 )
-from proxy.server.versioning import VERSION_NOTICES, VersionNotices, strip_withheld_headers
-from proxy.server.well_known import MAPS, PUBLIC_ORIGIN, MapStore
+from proxy.server.process.reload import ON_RELOAD, install_reloads
+from proxy.server.telemetry.metrics import METRICS, Metrics
+from proxy.server.telemetry.record import echo_request_id
 from proxy.settings import Settings
 
 
@@ -91,7 +92,8 @@ def create_app(
         handler_args={
             "auto_decompress": False,
             # aiohttp closes a connection with no request this long after it opened or after
-            # its previous response; a request head begun is timed by proxy/server/protocol.py.
+            # its previous response; a request head begun is timed by
+            # proxy/server/data/connection.py.
             "keepalive_timeout": settings.client_keepalive_timeout,
         },
     )
@@ -109,7 +111,7 @@ def create_app(
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
     app.on_response_prepare.append(echo_request_id)
-    # The one place the header floors are applied (server/versioning.py).
+    # The one place the header floors are applied (server/control/versioning.py).
     app.on_response_prepare.append(strip_withheld_headers)
 
     install_reloads(app)

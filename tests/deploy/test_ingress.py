@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from proxy.core.wire.frames import encoder_for
-from proxy.server.local import readyz
+from proxy.server.control.local import readyz
 from proxy.settings import MiB, Settings
 from tests.deploy.rendering import DEPLOY, Doc, documents, kustomize, one, proxy_pod, walk
 from tests.deploy.test_manifests import KUBERNETES_VERSIONS, route_of

@@ -14,10 +14,11 @@ import kubernetes_validate
 import pytest
 
 from proxy.core.errors import ConfigError
-from proxy.server import lifecycle, runner
 from proxy.server.app import routes
-from proxy.server.local import livez, readyz
-from proxy.server.local import metrics as metrics_handler
+from proxy.server.control.local import livez, readyz
+from proxy.server.control.local import metrics as metrics_handler
+from proxy.server.data import drain as lifecycle
+from proxy.server.process import runner
 from proxy.settings import Settings
 from tests.deploy.rendering import (
     Doc,
@@ -161,7 +162,7 @@ def test_termination_outlasts_prestop_and_drain(target: Target, docs: list[Doc])
     prestop = prestop_sleep(pod.container())
     assert prestop > 0
     # After SIGTERM: the drain, then streams still open get their terminal frame, then aiohttp
-    # closes what is left (proxy/server/runner.py).
+    # closes what is left (proxy/server/process/runner.py).
     closing = lifecycle.CANCEL_GRACE + runner.SHUTDOWN_GRACE
     assert grace > prestop + settings.drain_timeout + closing
     # The engine beside the proxy keeps generating until the proxy has drained.

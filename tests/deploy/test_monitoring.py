@@ -33,8 +33,8 @@ from aiohttp import web
 from proxy import assets
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.server.live import LIVE
-from proxy.server.reload import reload
+from proxy.server.models.live import LIVE
+from proxy.server.process.reload import reload
 from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary

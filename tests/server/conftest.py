@@ -12,9 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.server import create_app
-from proxy.server.drift import DriftMonitor
-from proxy.server.protocol import ProxyRunner
-from proxy.server.served_models import SERVED_MODELS, ServedModel
+from proxy.server.models.drift import DriftMonitor
+from proxy.server.models.served_models import SERVED_MODELS, ServedModel
+from proxy.server.process.runner import ProxyRunner
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.server.local import LOCAL_PATHS
+from proxy.server.control.local import LOCAL_PATHS
 from tests.fake_upstream import FakeUpstream
 from tests.server.conftest import MakeProxy, ProxyClient
 

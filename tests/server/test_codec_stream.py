@@ -14,7 +14,7 @@ import pytest
 
 from proxy.core.bodies import CodecBody
 from proxy.core.wire.decoder import FrameDecoder
-from proxy.server.streaming import ClientWriter
+from proxy.server.data.pump import ClientWriter
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import FakeUpstream, Script, load_capture

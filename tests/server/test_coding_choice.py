@@ -15,7 +15,7 @@ import pytest
 
 from proxy.core.http.content_coding import negotiate_coding
 from proxy.core.http.versioning import parse_client_version
-from proxy.server.live import LIVE
+from proxy.server.models.live import LIVE
 from proxy.tokenizers import LoadedTokenizer
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.compression_support import FORMATS, decompress_whole

@@ -27,7 +27,8 @@ from proxy.core.maps.discovery import public_origin
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.maps.publish import publish
 from proxy.maps.schema import schema_problems
-from proxy.server import create_app, well_known
+from proxy.server import create_app
+from proxy.server.control import well_known
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary

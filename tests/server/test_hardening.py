@@ -22,8 +22,8 @@ import pytest
 
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
-from proxy.server import generation
-from proxy.server.protocol import HALF_CLOSE_GRACE
+from proxy.server.control import generation
+from proxy.server.data.connection import HALF_CLOSE_GRACE
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
 from tests.server.policy_support import write_policy

@@ -31,7 +31,7 @@ from proxy.core.compression.dictionaries import DictionaryError
 from proxy.core.errors import ConfigError
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.server.served_models import SERVED_MODELS, ServedModel
+from proxy.server.models.served_models import SERVED_MODELS, ServedModel
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST, ModelSettings, Settings
 from proxy.tokenizers import LoadedTokenizer, TokenizerLoadError
 from proxy.tokenizers.vocabulary import Vocabulary

@@ -18,9 +18,15 @@ from proxy.config import ConfigSource
 from proxy.core.wire.frames import Frame
 from proxy.reloading import RUNTIME_KEYS, RUNTIME_MODEL_KEYS
 from proxy.server import create_app
-from proxy.server.live import LIVE, Live
-from proxy.server.metrics import METRICS
-from proxy.server.reload import CONFIG_SOURCE, ON_RELOAD, ReloadResult, reload, reload_config
+from proxy.server.models.live import LIVE, Live
+from proxy.server.process.reload import (
+    CONFIG_SOURCE,
+    ON_RELOAD,
+    ReloadResult,
+    reload,
+    reload_config,
+)
+from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import ModelSettings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture

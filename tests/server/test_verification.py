@@ -1,5 +1,5 @@
 """Continuous verification: sampled streams decoded with the published map, as a client would
-(proxy/server/verification.py)."""
+(proxy/server/models/verification.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from proxy.server import create_app
-from proxy.server.reload import reload_config
-from proxy.server.verification import _DECODERS
+from proxy.server.models.verification import _DECODERS
+from proxy.server.process.reload import reload_config
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture

@@ -2,7 +2,7 @@
 
 The client's fields go up as they came (minus `stream_format`), with `stream: true` (binary
 implies streaming, codec-spec.md §2). Two things are decided at the last moment, in
-proxy/server/codec.py: the model name (when the request has none) and whether to ask the
+proxy/server/control/codec.py: the model name (when the request has none) and whether to ask the
 backend for the IDs it sampled (`--token-ids`), and in which field: the one the backend behind
 the upstream reports them in (`--backend`, proxy/core/backend/kind.py; environment.md
 "Ground-truth IDs"), each in the smallest form that still carries them:

@@ -17,10 +17,12 @@ from aiohttp import web
 
 from proxy import hangups
 from proxy.core.backend.readiness import Check
-from proxy.server.lifecycle import LIFECYCLE
-from proxy.server.local import READINESS
-from proxy.server.protocol import ProxyRunner
-from proxy.server.reload import schedule_reload
+from proxy.server.control.errors import connection_error
+from proxy.server.data.connection import ProxyServer
+from proxy.server.data.drain import LIFECYCLE, READINESS
+from proxy.server.models.live import LIVE
+from proxy.server.process.reload import schedule_reload
+from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")
@@ -31,6 +33,22 @@ log = logging.getLogger("codec_proxy")
 SHUTDOWN_GRACE = 5.0
 
 
+class ProxyRunner(web.AppRunner):
+    """`AppRunner` whose server makes `ProxyProtocol` connections, for the app's settings."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()  # the app started, its arguments merged
+        return ProxyServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            head_timeout=self.app[LIVE].current.settings.request_timeout,
+            on_head_timeout=self.app[METRICS].timeouts.labels("request_head").inc,
+            render_error=connection_error,
+            **server._kwargs,
+        )
+
+
 async def serve(
     app: web.Application,
     settings: Settings,
@@ -38,7 +56,7 @@ async def serve(
     reuse_port: bool = False,
     announce: Callable[[], None] = lambda: None,
 ) -> None:
-    runner = ProxyRunner(  # on the proxy's own connections (proxy/server/protocol.py)
+    runner = ProxyRunner(  # on the proxy's own connections (proxy/server/data/connection.py)
         app,
         handle_signals=False,
         # A client that disconnects cancels its handler at once, which closes the upstream
@@ -62,7 +80,7 @@ async def serve(
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
-    # The reload runs as a task (proxy/server/reload.py): the loop keeps serving meanwhile.
+    # The reload runs as a task (proxy/server/process/reload.py): the loop keeps serving meanwhile.
     loop.add_signal_handler(signal.SIGHUP, schedule_reload, app)
     if hangups.take():  # one came while the process was starting
         schedule_reload(app)

@@ -4,7 +4,7 @@ Every Codec entry point (Path A `/v1/completions`, chat, Path B `/v1/completions
 a `CodecPlan` with `codec_plan` and calls `serve_codec`. The bytes are pumped through a
 `CodecBody` (proxy/core/bodies.py: the transcoder, the guard that applies the client's
 finish-reason floor and the safety policy, and the body writer that encodes, compresses and
-flushes) by the shared pump (proxy/server/streaming.py). This module only decides the plan and
+flushes) by the shared pump (proxy/server/data/pump.py). This module only decides the plan and
 the headers, asks the upstream, and ends the exchange.
 
 The response starts once the first frame is ready and the token source is known. Until then
@@ -41,20 +41,20 @@ from proxy.core.safety.stream import PolicedIds
 from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.wire.frames import FrameEncoder, encoder_for
-from proxy.server.auth import presented_key
-from proxy.server.live import config_of
-from proxy.server.metrics import METRICS
-from proxy.server.observe import RECORD
-from proxy.server.relay import relay_response
-from proxy.server.served_models import SERVED_MODELS, ServedModel, model_of
-from proxy.server.streaming import (
-    combined_header,
-    forward_headers,
-    stream_response,
-    upstream_exchange,
+from proxy.server.control.auth import presented_key
+from proxy.server.control.headers import combined_header, forward_headers
+from proxy.server.control.relay import relay_response
+from proxy.server.control.versioning import (
+    client_version_label,
+    codec_gate,
+    declared_client_version,
 )
-from proxy.server.upstream import Exchange
-from proxy.server.versioning import client_version_label, codec_gate, declared_client_version
+from proxy.server.data.pool import Exchange
+from proxy.server.data.pump import stream_response, upstream_exchange
+from proxy.server.models.live import config_of
+from proxy.server.models.served_models import SERVED_MODELS, ServedModel, model_of
+from proxy.server.telemetry.metrics import METRICS
+from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
@@ -260,7 +260,8 @@ async def _open_upstream(
 
 
 def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> tuple[CodecBody, bool]:
-    """The stream's body, and whether it was sampled for verification (server/verification.py)."""
+    """The stream's body, and whether it was sampled for verification
+    (server/models/verification.py)."""
     live = config_of(request)
     settings = live.settings
     served = model_of(request)
@@ -299,7 +300,8 @@ async def _serve(
         headers = plan.response_headers(guard.token_source or RETOKENIZED)
         policy = config_of(request).safety_policy(model_of(request).name)
         if policy is not None:
-            # Withheld from clients below 0.4 by the header floor hook (server/versioning.py).
+            # Withheld from clients below 0.4 by the header floor hook
+            # (server/control/versioning.py).
             headers.update(policy.response_headers())
         return web.StreamResponse(status=200, headers=headers)
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.core.errors import ProxyError
-from proxy.server.live import config_of
+from proxy.server.models.live import config_of
 
 
 class Unauthorized(ProxyError):

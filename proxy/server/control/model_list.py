@@ -12,8 +12,8 @@ import time
 from aiohttp import web
 
 from proxy.core.backend.models import model_document, models_document
-from proxy.server.relay import relay
-from proxy.server.served_models import SERVED_MODELS, route_request
+from proxy.server.control.relay import relay
+from proxy.server.models.served_models import SERVED_MODELS, route_request
 
 _OWNED_BY = "codec-proxy"
 # `created` of every entry: when this process started serving them.

@@ -1,28 +1,19 @@
-"""One record per request: filled in by the handlers, logged once, counted once.
+"""One record per request: what it did, filled in as it goes, logged and counted once.
 
-The access log is one line per request (JSON by default): id, route, mode, model, stream_format,
-encoding, client version, status, tokens, bytes, time to first byte, duration and outcome.
 `X-Request-Id` is taken from the client when it sends one (so a trace crosses the proxy) or
 made up, then forwarded upstream and echoed back.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from proxy.core.backend.routing import NO_MODEL
-from proxy.server.lifecycle import is_shutdown
-from proxy.server.metrics import METRICS
-
-access_log = logging.getLogger("codec_proxy.access")
 
 REQUEST_ID_HEADER = "X-Request-Id"
 # A client-chosen id is kept only if it is short and plain: it lands in logs and upstream headers.
@@ -90,46 +81,6 @@ def request_id(request: web.Request) -> str:
     return given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
-def _route_name(request: web.Request) -> str:
-    # The route's pattern, never the raw path: paths would make labels unbounded.
-    info = request.match_info.route.resource
-    canonical = info.canonical if info is not None else "unmatched"
-    return "relay" if "{tail" in canonical else canonical
-
-
-@web.middleware
-async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    record = RequestRecord(request_id(request), request.method, _route_name(request))
-    request[RECORD] = record
-    metrics = request.app[METRICS]
-    try:
-        response = await handler(request)
-        record.status = response.status
-        return response
-    except (asyncio.CancelledError, ConnectionResetError) as exc:
-        if record.completed:
-            # Only the cleanup after a complete response was cut short: still a success.
-            raise
-        # The client left (aiohttp cancels the handler; a write fails), or the drain ended it.
-        shutdown = isinstance(exc, asyncio.CancelledError) and is_shutdown(exc)
-        if record.outcome == "ok":
-            record.outcome = "ended_by_shutdown" if shutdown else "client_disconnect"
-        if not shutdown:
-            metrics.client_disconnects.labels(record.phase).inc()
-        record.status = record.status or 499  # nginx's "client closed request"
-        raise
-    except web.HTTPException as exc:
-        record.status = exc.status
-        raise
-    finally:
-        model = record.model or NO_MODEL
-        metrics.requests.labels(record.route, record.mode, str(record.status), model).inc()
-        end = stream_end(record)
-        if end is not None:
-            metrics.streams.labels(model, record.mode, end).inc()
-        _log(request, record)
-
-
 def stream_end(record: RequestRecord) -> str | None:
     """How a streamed upstream answer ended, as a bounded label; None if none was streamed."""
     if record.upstream is None:
@@ -149,8 +100,3 @@ async def echo_request_id(request: web.Request, response: web.StreamResponse) ->
     record = request.get(RECORD)
     if record is not None:
         response.headers[REQUEST_ID_HEADER] = record.id
-
-
-def _log(request: web.Request, record: RequestRecord) -> None:
-    if access_log.isEnabledFor(logging.INFO):
-        access_log.info("request", extra={"fields": record.log_fields()})

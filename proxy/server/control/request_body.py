@@ -15,10 +15,10 @@ import asyncio
 from aiohttp import web
 
 from proxy.core.errors import BadRequest, ProxyError
-from proxy.server.live import config_of
-from proxy.server.metrics import METRICS
-from proxy.server.observe import RECORD
-from proxy.server.protocol import ProxyProtocol
+from proxy.server.data.connection import ProxyProtocol
+from proxy.server.models.live import config_of
+from proxy.server.telemetry.metrics import METRICS
+from proxy.server.telemetry.record import RECORD
 
 
 class RequestTimeout(ProxyError):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from proxy.core.backend.readiness import Readiness
+
 # The message a stream's task is cancelled with when the drain timeout ran out: the stream
 # tells this apart from a client that left, and ends with a terminal frame instead.
 SHUTDOWN = "codec-proxy: drain timeout reached, ending the stream"
@@ -55,6 +57,8 @@ class Lifecycle:
 
 
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+# The process's own readiness (draining); each model keeps its own beside it.
+READINESS = web.AppKey("readiness", Readiness)
 
 
 def is_shutdown(exc: BaseException) -> bool:

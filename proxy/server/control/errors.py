@@ -1,7 +1,8 @@
 """Turn `ProxyError`s (and aiohttp's own HTTP errors) into OpenAI-style JSON error responses.
 
 The errors aiohttp writes before any handler runs (malformed requests) are made JSON by the
-connection itself (proxy/server/protocol.py), an unknown `Expect` by proxy/server/expect.py.
+connection itself (proxy/server/data/connection.py, rendered by `connection_error`), an
+unknown `Expect` by proxy/server/control/expect.py.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
+from http import HTTPStatus
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core.errors import ProxyError, UpgradeRequired
-from proxy.server.observe import RECORD
+from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
@@ -37,6 +39,18 @@ def json_error(
         status=status,
         body=json.dumps(body).encode(),
         content_type="application/json",
+    )
+
+
+def connection_error(status: int, message: str | None) -> web.Response:
+    """What a connection answers when aiohttp itself failed a request (a malformed head, an
+    unhandled exception): the one JSON shape, never a traceback or an exception's text."""
+    phrase = HTTPStatus(status).phrase
+    if status >= 500:
+        code = phrase.lower().replace(" ", "_")
+        return json_error(status, phrase, error_type="server_error", code=code)
+    return json_error(
+        status, message or phrase, error_type="invalid_request_error", code="malformed_request"
     )
 
 

@@ -27,7 +27,7 @@ from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.verify.sampling import MismatchWindow, Sampler
 from proxy.core.verify.verifier import Verification
-from proxy.server.metrics import Metrics
+from proxy.server.telemetry.metrics import Metrics
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")

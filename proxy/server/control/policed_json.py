@@ -18,23 +18,18 @@ from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.json_policing import JsonStreamPolicer, Verdict, police_json_body
 from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedText
-from proxy.server.live import config_of
-from proxy.server.observe import RECORD
-from proxy.server.relay import relay_response
-from proxy.server.served_models import model_of
-from proxy.server.streaming import (
-    forward_headers,
-    request_target,
-    stream_response,
-    upstream_exchange,
-    upstream_response_headers,
-)
-from proxy.server.upstream import Exchange
+from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
+from proxy.server.control.relay import relay_response
+from proxy.server.data.pool import Exchange
+from proxy.server.data.pump import stream_response, upstream_exchange
+from proxy.server.models.live import config_of
+from proxy.server.models.served_models import model_of
+from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
 # We must read the text to check it: ask for it uncompressed (the body sent up is the decoded
-# one, proxy/server/generation.py: read_body).
+# one, proxy/server/control/generation.py: read_body).
 _UPSTREAM_DROP = ("accept-encoding", "content-encoding")
 _UPSTREAM_ADD = [("Accept-Encoding", "identity")]
 # Rewritten bodies get their own length; the policy headers depend on the client's version.

@@ -25,8 +25,8 @@ from proxy.core.http.versioning import (
     version_label,
     withheld_headers,
 )
-from proxy.server.live import config_of
-from proxy.server.observe import RECORD
+from proxy.server.models.live import config_of
+from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 

@@ -1,7 +1,7 @@
 """What a reload can change, as one snapshot; every request keeps the one it started with.
 
 `Live` bundles the settings and everything derived from them that a running proxy may swap
-(SIGHUP, proxy/server/reload.py): the rollout switches, API keys, safety and version policy,
+(SIGHUP, proxy/server/process/reload.py): the rollout switches, API keys, safety and version policy,
 flush settings, the log level. A request takes the current snapshot once, when it arrives
 (`snapshot_middleware`), and reads it for its whole life, so a stream in flight keeps the
 settings it started with whatever is reloaded meanwhile. What cannot change at run time
@@ -22,7 +22,7 @@ from proxy.core.errors import ConfigError
 from proxy.core.http.access import CodecAccess
 from proxy.core.http.upgrade import VersionPolicy
 from proxy.core.safety.policy import SafetyPolicy
-from proxy.server.policy_file import read_policy_file
+from proxy.server.models.policy_file import read_policy_file
 from proxy.settings import ModelConfig, Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 
@@ -43,7 +43,8 @@ class Live:
 
     @property
     def forward_authorization(self) -> bool:
-        """Whether the client's Authorization header goes upstream (proxy/server/auth.py)."""
+        """Whether the client's Authorization header goes upstream
+        (proxy/server/control/auth.py)."""
         return not self.api_keys or self.settings.forward_authorization
 
     def model(self, name: str) -> ModelConfig:

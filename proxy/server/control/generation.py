@@ -39,13 +39,13 @@ from proxy.core.http.request import CompletionRequest, LimitsFor
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire.codec_request import decode_codec_request
 from proxy.core.wire.prompt_ids import PromptLimits
-from proxy.server.codec import codec_plan, serve_codec
-from proxy.server.live import config_of
-from proxy.server.policed_json import police_json
-from proxy.server.relay import relay
-from proxy.server.request_body import read_request_body
-from proxy.server.served_models import ServedModel, route_request
-from proxy.server.streaming import combined_header, request_target
+from proxy.server.control.codec import codec_plan, serve_codec
+from proxy.server.control.headers import combined_header, request_target
+from proxy.server.control.policed_json import police_json
+from proxy.server.control.relay import relay
+from proxy.server.control.request_body import read_request_body
+from proxy.server.models.live import config_of
+from proxy.server.models.served_models import ServedModel, route_request
 
 # Path B's `CodecRequest` has no model field (codec-spec.md §3.3): this header names it.
 MODEL_HEADER = "Codec-Model"

@@ -29,13 +29,13 @@ from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
-from proxy.server.drift import DriftMonitor
-from proxy.server.live import Live
-from proxy.server.metrics import Metrics
-from proxy.server.models import UpstreamModels
-from proxy.server.observe import RECORD
-from proxy.server.upstream import StreamBudget, UpstreamPool, make_session
-from proxy.server.verification import ModelVerification
+from proxy.server.data.pool import StreamBudget, UpstreamPool, make_session
+from proxy.server.models.drift import DriftMonitor
+from proxy.server.models.live import Live
+from proxy.server.models.upstream_models import UpstreamModels
+from proxy.server.models.verification import ModelVerification
+from proxy.server.telemetry.metrics import Metrics
+from proxy.server.telemetry.record import RECORD
 from proxy.settings import (
     DEFAULT_DICTIONARIES_MANIFEST,
     DEFAULT_MAX_PROMPT_IDS,
@@ -324,7 +324,7 @@ def served_models_context(
     """
 
     async def context(app: web.Application) -> AsyncIterator[None]:
-        from proxy.server.metrics import METRICS
+        from proxy.server.telemetry.metrics import METRICS
 
         served = app[SERVED_MODELS]
         metrics = app[METRICS]

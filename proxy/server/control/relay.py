@@ -15,16 +15,11 @@ from aiohttp import web
 
 from proxy.core.bodies import RelayedBody
 from proxy.core.http.content_coding import coding_label
-from proxy.server.observe import RECORD
-from proxy.server.request_body import read_request_body
-from proxy.server.streaming import (
-    forward_headers,
-    request_target,
-    stream_response,
-    upstream_exchange,
-    upstream_response_headers,
-)
-from proxy.server.upstream import Exchange
+from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
+from proxy.server.control.request_body import read_request_body
+from proxy.server.data.pool import Exchange
+from proxy.server.data.pump import stream_response, upstream_exchange
+from proxy.server.telemetry.record import RECORD
 
 
 async def relay_response(request: web.Request, exchange: Exchange) -> web.StreamResponse:

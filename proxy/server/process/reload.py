@@ -6,7 +6,7 @@ time (`proxy/reloading.py`), builds the whole new snapshot (`build_live`: the sa
 compiled, the key file read) and only then swaps it in. Anything wrong, and nothing changes:
 one log line names the key and the problem, and `codec_proxy_config_reloads_total{result=
 "error"}` counts it. Requests already in flight keep the snapshot they started with
-(proxy/server/live.py), so a stream never changes its flush schedule or policy halfway.
+(proxy/server/models/live.py), so a stream never changes its flush schedule or policy halfway.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from proxy import logs
 from proxy.config import ConfigSource
 from proxy.core.errors import ConfigError
 from proxy.reloading import REREAD_FILES, merge
-from proxy.server.live import LIVE, Live, build_live
-from proxy.server.metrics import METRICS
-from proxy.server.served_models import SERVED_MODELS
+from proxy.server.models.live import LIVE, Live, build_live
+from proxy.server.models.served_models import SERVED_MODELS
+from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import Settings
 
 log = logging.getLogger("codec_proxy")

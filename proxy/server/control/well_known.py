@@ -45,10 +45,10 @@ from proxy.core.maps.discovery import (
 )
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.safety.policy import WELL_KNOWN_POLICIES
-from proxy.server.errors import json_error, method_not_allowed
-from proxy.server.live import config_of
-from proxy.server.served_models import SERVED_MODELS
-from proxy.server.streaming import combined_header
+from proxy.server.control.errors import json_error, method_not_allowed
+from proxy.server.control.headers import combined_header
+from proxy.server.models.live import config_of
+from proxy.server.models.served_models import SERVED_MODELS
 
 VERSION_POLICY_PATH = WELL_KNOWN_PREFIX + "version-policy.json"
 ALLOWED_METHODS = "GET, HEAD, OPTIONS"

@@ -3,7 +3,7 @@
 * A request head must be complete within `request_timeout` of the connection opening, or of its
   first byte on a kept-alive connection; else the connection is closed (slowloris). aiohttp
   has no header timeout: only its keep-alive timer (`client_keepalive_timeout`), which is
-  meant to be long. The body's own deadline is proxy/server/request_body.py's.
+  meant to be long. The body's own deadline is proxy/server/control/request_body.py's.
 * Errors aiohttp writes on its own (a malformed request line or header, an unhandled
   exception) are the one JSON shape, like every other error of the proxy.
 * A client that half-closes as it sends its request (`shutdown(SHUT_WR)`: "no more data from
@@ -19,14 +19,14 @@
   coming.
 
 aiohttp's `Server` always makes a plain `RequestHandler`, so `ProxyRunner` (the `AppRunner`
-`proxy.server.runner` serves with) hands the listening socket a `ProxyServer` that makes ours.
+`proxy.server.process.runner` serves with) hands the listening socket a `ProxyServer` that
+makes ours.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -35,9 +35,9 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
-from proxy.server.errors import json_error
-from proxy.server.live import LIVE
-from proxy.server.metrics import METRICS
+# The response to a request aiohttp could not parse or hand over (status, message or None):
+# rendered by the control plane, so every error has its one shape.
+ErrorRenderer = Callable[[int, "str | None"], web.StreamResponse]
 
 # How soon after the last byte of a request its sender's EOF must come to be taken for a
 # half-close. A client that really left this quickly is noticed at the first write instead.
@@ -54,6 +54,7 @@ class ProxyProtocol(RequestHandler):
         "_last_chunked",
         "_last_payload",
         "_on_head_timeout",
+        "_render_error",
         "_sent_all",
         "_whole_at",
     )
@@ -63,9 +64,11 @@ class ProxyProtocol(RequestHandler):
         *args: Any,
         head_timeout: float = 0.0,
         on_head_timeout: Callable[[], None] = lambda: None,
+        render_error: ErrorRenderer,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._render_error = render_error
         self._head_timeout = head_timeout  # 0: none
         self._on_head_timeout = on_head_timeout
         self._head_timer: asyncio.TimerHandle | None = None
@@ -195,18 +198,7 @@ class ProxyProtocol(RequestHandler):
     ) -> web.StreamResponse:
         # aiohttp's own: it logs, and refuses (ConnectionError) once a response has started.
         super().handle_error(request, status, exc, message)
-        phrase = HTTPStatus(status).phrase
-        if status >= 500:
-            # Never a traceback or an exception's text: they can carry internals.
-            code = phrase.lower().replace(" ", "_")
-            response = json_error(status, phrase, error_type="server_error", code=code)
-        else:
-            response = json_error(
-                status,
-                message or phrase,
-                error_type="invalid_request_error",
-                code="malformed_request",
-            )
+        response = self._render_error(status, message)
         response.force_close()  # the parser cannot find where the next request would start
         return response
 
@@ -230,11 +222,17 @@ class ProxyServer(web.Server):
     """aiohttp's `Server`, making `ProxyProtocol` connections."""
 
     def __init__(
-        self, *args: Any, head_timeout: float, on_head_timeout: Callable[[], None], **kwargs: Any
+        self,
+        *args: Any,
+        head_timeout: float,
+        on_head_timeout: Callable[[], None],
+        render_error: ErrorRenderer,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.head_timeout = head_timeout
         self.on_head_timeout = on_head_timeout
+        self.render_error = render_error
 
     def __call__(self) -> RequestHandler:
         return ProxyProtocol(
@@ -242,20 +240,6 @@ class ProxyServer(web.Server):
             loop=self._loop,
             head_timeout=self.head_timeout,
             on_head_timeout=self.on_head_timeout,
+            render_error=self.render_error,
             **self._kwargs,
-        )
-
-
-class ProxyRunner(web.AppRunner):
-    """`AppRunner` whose server makes `ProxyProtocol` connections, for the app's settings."""
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()  # the app started, its arguments merged
-        return ProxyServer(
-            server.request_handler,
-            request_factory=server.request_factory,
-            handler_cancellation=server.handler_cancellation,
-            head_timeout=self.app[LIVE].current.settings.request_timeout,
-            on_head_timeout=self.app[METRICS].timeouts.labels("request_head").inc,
-            **server._kwargs,
         )

@@ -29,7 +29,7 @@ from yarl import URL
 from proxy.core.backend.balancer import Balancer, UpstreamState
 from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from proxy.server.metrics import Metrics
+from proxy.server.telemetry.metrics import Metrics
 from proxy.settings import UNNAMED_MODEL, Settings
 
 log = logging.getLogger("codec_proxy")

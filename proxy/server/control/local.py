@@ -7,13 +7,11 @@ import time
 
 from aiohttp import web
 
-from proxy.core.backend.readiness import Readiness
-from proxy.server.errors import method_not_allowed
-from proxy.server.lifecycle import LIFECYCLE
-from proxy.server.metrics import METRICS
-from proxy.server.served_models import SERVED_MODELS
+from proxy.server.control.errors import method_not_allowed
+from proxy.server.data.drain import LIFECYCLE, READINESS
+from proxy.server.models.served_models import SERVED_MODELS
+from proxy.server.telemetry.metrics import METRICS
 
-READINESS = web.AppKey("readiness", Readiness)
 # What `GET /codec/schema` serves: the proto3 schema of exactly what is emitted.
 SCHEMA_TEXT = web.AppKey("schema_text", str)
 LOCAL_PATHS = ("/livez", "/readyz", "/metrics", "/codec/schema")

@@ -1,0 +1,66 @@
+"""The access log and the request counters: one line and one count per request.
+
+The access log is one line per request (JSON by default): id, route, mode, model, stream_format,
+encoding, client version, status, tokens, bytes, time to first byte, duration and outcome
+(the fields of `RequestRecord`, proxy/server/telemetry/record.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.core.backend.routing import NO_MODEL
+from proxy.server.data.drain import is_shutdown
+from proxy.server.telemetry.metrics import METRICS
+from proxy.server.telemetry.record import RECORD, RequestRecord, request_id, stream_end
+
+access_log = logging.getLogger("codec_proxy.access")
+
+
+def _route_name(request: web.Request) -> str:
+    # The route's pattern, never the raw path: paths would make labels unbounded.
+    info = request.match_info.route.resource
+    canonical = info.canonical if info is not None else "unmatched"
+    return "relay" if "{tail" in canonical else canonical
+
+
+@web.middleware
+async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    record = RequestRecord(request_id(request), request.method, _route_name(request))
+    request[RECORD] = record
+    metrics = request.app[METRICS]
+    try:
+        response = await handler(request)
+        record.status = response.status
+        return response
+    except (asyncio.CancelledError, ConnectionResetError) as exc:
+        if record.completed:
+            # Only the cleanup after a complete response was cut short: still a success.
+            raise
+        # The client left (aiohttp cancels the handler; a write fails), or the drain ended it.
+        shutdown = isinstance(exc, asyncio.CancelledError) and is_shutdown(exc)
+        if record.outcome == "ok":
+            record.outcome = "ended_by_shutdown" if shutdown else "client_disconnect"
+        if not shutdown:
+            metrics.client_disconnects.labels(record.phase).inc()
+        record.status = record.status or 499  # nginx's "client closed request"
+        raise
+    except web.HTTPException as exc:
+        record.status = exc.status
+        raise
+    finally:
+        model = record.model or NO_MODEL
+        metrics.requests.labels(record.route, record.mode, str(record.status), model).inc()
+        end = stream_end(record)
+        if end is not None:
+            metrics.streams.labels(model, record.mode, end).inc()
+        _log(request, record)
+
+
+def _log(request: web.Request, record: RequestRecord) -> None:
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info("request", extra={"fields": record.log_fields()})

@@ -1,0 +1,1 @@
+"""What each served model is, built at start or on reload: tokenizer, map, pool, checks."""

@@ -1,0 +1,1 @@
+"""What the proxy reports about itself: Prometheus metrics and the per-request record."""
