@@ -175,6 +175,7 @@ def run_worker(
     from proxy.server import create_app
     from proxy.server.models.served_models import SERVED_MODELS
     from proxy.server.process.reload import CONFIG_SOURCE
+    from proxy.server.process.runner import run
     from proxy.server.process.runner import serve as serve_app
     from proxy.tokenizers import TokenizerLoadError
 
@@ -209,7 +210,7 @@ def run_worker(
         if banner:
             print(banner, flush=True)
 
-    asyncio.run(serve_app(app, settings, reuse_port=settings.workers > 1, announce=announce))
+    run(serve_app(app, settings, reuse_port=settings.workers > 1, announce=announce), settings)
 
 
 def config_example(_: argparse.Namespace) -> int:

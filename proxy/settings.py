@@ -394,6 +394,9 @@ class Settings:
         None, help="write the process id here, for `codec-proxy reload` (SIGHUP)"
     )
     workers: int = option(1, help="worker processes sharing the port (SO_REUSEPORT)", minimum=1)
+    event_loop: Literal["auto", "uvloop", "asyncio"] = option(
+        "auto", help="the event loop: uvloop when it is installed (auto), or asyncio's own"
+    )
     log_format: Literal["json", "text"] = option("json", help="access and event log format")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = option("INFO", help="log level")
 

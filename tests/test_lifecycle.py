@@ -21,7 +21,7 @@ from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.process_support import ServeProcess
-from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient, ProxyTestServer
+from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
 
 SAMPLE = "llamacpp-completions-sample.txt"
 
@@ -162,7 +162,7 @@ async def real_proxy(
 ) -> ProxyClient:
     settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
     # Served on the proxy's own connections, which tell a half-close from a client that left.
-    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
 LONG = {"max_tokens": 900, "temperature": 0.8, "ignore_eos": True, "cache_prompt": False}

@@ -93,7 +93,7 @@ def create_app(
             "auto_decompress": False,
             # aiohttp closes a connection with no request this long after it opened or after
             # its previous response; a request head begun is timed by
-            # proxy/server/data/connection.py.
+            # proxy/server/data/client_protocol.py.
             "keepalive_timeout": settings.client_keepalive_timeout,
         },
     )

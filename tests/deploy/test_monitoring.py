@@ -43,7 +43,6 @@ from tests.server.conftest import (
     AiohttpClient,
     AiohttpServer,
     ProxyClient,
-    ProxyTestServer,
     app_of,
 )
 from tests.server.support import with_swapped_map_ids
@@ -489,7 +488,7 @@ async def fleet(
     async def proxy(vocabulary: Vocabulary, **settings: Any) -> ProxyClient:
         # ProxyTestServer listens on a real 127.0.0.1 port, which Prometheus scrapes.
         app = create_app(Settings(tokenizer=smollm2_gguf, **settings), vocabulary)
-        return await aiohttp_client(ProxyTestServer(app))
+        return await aiohttp_client(app)
 
     good, flaky, corrupted = FakeUpstream(), FakeUpstream(), FakeUpstream()
     text = corrupted.script.capture.stream_text()

@@ -42,7 +42,6 @@ from tests.server.conftest import (
     AiohttpClient,
     AiohttpServer,
     ProxyClient,
-    ProxyTestServer,
     app_of,
 )
 
@@ -119,7 +118,7 @@ def deploy(aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient) -> Depl
         settings = Settings(models=tuple(entries), **{"drift_check": False, **changes})
         vocabularies = {entry.name: vocabulary for entry, vocabulary, _ in models}
         app = create_app(settings, vocabularies)
-        return Deployment(await aiohttp_client(ProxyTestServer(app)), backends)
+        return Deployment(await aiohttp_client(app), backends)
 
     return make
 
@@ -1007,7 +1006,7 @@ async def test_one_model_by_flags_serves_any_name_and_relays_the_listing(
     server = await aiohttp_server(backend.app())
     url = str(server.make_url("")).rstrip("/")
     settings = Settings(upstream=(url,), tokenizer=smollm2_gguf, model=model, drift_check=False)
-    proxy = await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    proxy = await aiohttp_client(create_app(settings, smollm2_vocabulary))
     for name in ("anything", "gpt-4o", None):
         payload = {**CODEC, **({} if name is None else {"model": name})}
         assert (await post(proxy, "/v1/completions", json=payload))[0] == 200

@@ -30,7 +30,7 @@ from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import ModelSettings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import AiohttpClient, MakeProxy, ProxyClient, ProxyTestServer, app_of
+from tests.server.conftest import AiohttpClient, MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import policy_document, v04, write_policy
 from tests.server.support import frames_of, ids_of
 
@@ -279,7 +279,7 @@ async def file_proxy(
     source = ConfigSource(file=config, env={}, flags={"flush_frames": 5})
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source  # before the app starts, as the CLI does
-    return FileProxy(await aiohttp_client(ProxyTestServer(app)), config, base)
+    return FileProxy(await aiohttp_client(app), config, base)
 
 
 async def test_a_reload_reads_the_file_again_and_flags_still_beat_it(

@@ -20,7 +20,6 @@ from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
     ProxyClient,
-    ProxyTestServer,
     app_of,
     default_model,
 )
@@ -34,7 +33,7 @@ async def serving(
     aiohttp_client: AiohttpClient, settings: Settings, vocabulary: Vocabulary, **changes: Any
 ) -> ProxyClient:
     app = create_app(replace(settings, **changes), vocabulary)
-    proxy = await aiohttp_client(ProxyTestServer(app))
+    proxy = await aiohttp_client(app)
     digest = default_model(proxy).published.digest
     for _ in range(500):  # the decoder is built off the loop at start
         if digest in _DECODERS:

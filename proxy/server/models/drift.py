@@ -25,7 +25,7 @@ from proxy.core.backend.tokenize_api import (
     parse_tokens,
 )
 from proxy.core.errors import ProxyError, UpstreamProtocolError
-from proxy.server.data.pool import UpstreamPool
+from proxy.server.data.upstreams import UpstreamPool
 from proxy.server.models.upstream_models import UpstreamModels
 from proxy.tokenizers.probes import PROBE_STRINGS
 from proxy.tokenizers.vocabulary import Vocabulary

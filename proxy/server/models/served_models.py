@@ -29,7 +29,7 @@ from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
-from proxy.server.data.pool import StreamBudget, UpstreamPool, make_session
+from proxy.server.data.upstreams import StreamBudget, UpstreamClients, UpstreamPool
 from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.live import Live
 from proxy.server.models.upstream_models import UpstreamModels
@@ -318,7 +318,7 @@ def _dictionaries(
 def served_models_context(
     settings: Settings, on_change: Callable[[], None]
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx: every model's pool (one shared session), health loop and drift check.
+    """cleanup_ctx: every model's pool (the clients shared), health loop and drift check.
 
     `on_change` runs after every health round and drift verdict (it republishes the gauges).
     """
@@ -328,12 +328,12 @@ def served_models_context(
 
         served = app[SERVED_MODELS]
         metrics = app[METRICS]
-        session = make_session(settings)
+        clients = UpstreamClients.for_settings(settings)
         budget = StreamBudget(settings.max_streams)
         for model in served:
             pool = UpstreamPool(
                 settings,
-                session,
+                clients,
                 metrics,
                 model.readiness,
                 upstreams=model.config.upstreams,
@@ -358,7 +358,7 @@ def served_models_context(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await session.close()
+            await clients.close()
 
     return context
 
