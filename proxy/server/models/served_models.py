@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -97,6 +98,14 @@ class ServedModel:
         client sent, else the model's default (None: the upstream's only model)."""
         return self.config.upstream_model or requested or self.config.request_default
 
+    def codec_retry_after(self, now: float) -> int:
+        """Seconds a client refused Codec for this model should wait before asking again: until
+        the next drift check, which is what lifts a refusal short of a reload (the check's
+        interval while none is scheduled). `now` is `time.monotonic()`."""
+        due = self.drift.next_round if self.drift is not None else None
+        seconds = self.config.drift_check_interval if due is None else due - now
+        return max(1, math.ceil(seconds))
+
     def prompt_limits(self, max_prompt_ids: int | None) -> PromptLimits:
         """`max_prompt_ids`, else the backend's context length as last listed, else the default."""
         context = self._listing.context_length() if self._listing is not None else None
@@ -176,10 +185,10 @@ class ServedModels:
             },
         }
 
-    def reset_verification(self) -> None:
-        """After a reload: mismatches counted so far no longer refuse Codec for any model."""
+    def lift_verification(self) -> None:
+        """After a reload: no model refuses Codec for verification mismatches any more."""
         for model in self:
-            model.verification.reset()
+            model.verification.lift()
 
     def publish_gauges(self, metrics: Metrics, live: Live) -> None:
         """Per-model state gauges, as of now (set again whenever a check reports, and after a
@@ -385,7 +394,7 @@ async def _first_drift_check(
     def on_verdict() -> None:
         # A clean check is what lifts a refusal for verification mismatches, short of a reload.
         if monitor.verdict.state is DriftState.MATCHED:
-            model.verification.reset()
+            model.verification.lift()
         on_change()
 
     monitor = DriftMonitor(
