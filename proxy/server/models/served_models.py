@@ -2,9 +2,10 @@
 readiness and drift check, and the routing from a request's `model` to one of them.
 
 What is per model never leaks to another: a model whose backend drifts or is down has its
-Codec requests refused (503) and its readiness checks failing, while the others serve. The one
-upstream `ClientSession` (one connection pool, `pool_limit`) and the `max_streams` budget are
-shared: they bound the process, not a model.
+Codec requests refused (503) and its readiness checks failing, while the others serve; a model
+whose backend stalls fills its own share of `max_streams` (`models[].max_streams`), not the
+others'. The one upstream `ClientSession` (one connection pool, `pool_limit`) and `max_streams`
+itself are shared: they bound the process, not a model.
 
 `SERVED_MODELS` is set by the app factory; the pools, health loops and drift checks start in
 `served_models_context` (cleanup_ctx). A request's model is routed once and kept on it (`MODEL`).
@@ -30,7 +31,7 @@ from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
-from proxy.server.data.pool import StreamBudget, UpstreamPool, make_session
+from proxy.server.data.pool import ProcessStreams, StreamBudget, UpstreamPool, make_session
 from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.live import Live
 from proxy.server.models.upstream_models import UpstreamModels
@@ -338,8 +339,11 @@ def served_models_context(
         served = app[SERVED_MODELS]
         metrics = app[METRICS]
         session = make_session(settings)
-        budget = StreamBudget(settings.max_streams)
+        process = ProcessStreams(settings.max_streams)
+        metrics.max_streams.set(process.limit)
         for model in served:
+            limit = model.config.max_streams
+            metrics.model_max_streams.labels(model.name).set(limit)
             pool = UpstreamPool(
                 settings,
                 session,
@@ -347,7 +351,7 @@ def served_models_context(
                 model.readiness,
                 upstreams=model.config.upstreams,
                 model=model.name,
-                budget=budget,
+                budget=StreamBudget(limit, process, model=model.name, metrics=metrics),
             )
             model.attach(pool)
             if settings.verify_sample_rate > 0:
