@@ -95,6 +95,11 @@ class ModelSettings:
     max_prompt_ids: int | None = option(None, help="overrides `max_prompt_ids`", minimum=1)
     flush_interval_ms: float | None = option(None, help="overrides `flush_interval_ms`", minimum=0)
     flush_frames: int | None = option(None, help="overrides `flush_frames`", minimum=0)
+    max_streams: int | None = option(
+        None,
+        help="its share of `max_streams`, 503 beyond (default: half of it with several models)",
+        minimum=1,
+    )
 
     def __post_init__(self) -> None:
         tokenizer: object = self.tokenizer
@@ -135,6 +140,8 @@ class ModelConfig:
     max_prompt_ids: int | None
     flush_interval_ms: float
     flush_frames: int
+    # Its share of the process's `max_streams` (which still holds for every model together).
+    max_streams: int
     # `upstream`/`tokenizer`: any name a request gives is this model, as before there were
     # several (a `models` list routes by name).
     any_name: bool = False
@@ -188,7 +195,10 @@ class Settings:
         1 * MiB, help="largest single SSE event from the upstream (a bounded parser)", minimum=64
     )
     max_streams: int = option(
-        1024, help="concurrent upstream requests per worker; beyond it 503 + Retry-After", minimum=1
+        1024,
+        help="concurrent upstream requests per worker, all models together; beyond it 503 + "
+        "Retry-After",
+        minimum=1,
     )
 
     # --- timeouts (seconds; 0 disables). No total timeout: long generations are not failures.
@@ -485,9 +495,19 @@ class Settings:
             max_prompt_ids=pick("max_prompt_ids"),
             flush_interval_ms=pick("flush_interval_ms"),
             flush_frames=pick("flush_frames"),
+            max_streams=entry.max_streams or self.model_max_streams(),
             any_name=single,
             is_default=default,
         )
+
+    def model_max_streams(self) -> int:
+        """A model's share of `max_streams` unless its entry says: with several models, half,
+        so that one model whose backend stalls leaves the other half to the rest, and a busy
+        model still has half the process when the others are idle (an even split would idle
+        what they do not use). With one model, all of it."""
+        if len(self.models) < 2:
+            return self.max_streams
+        return -(-self.max_streams // 2)
 
     def __repr__(self) -> str:
         # Secrets never reach a log line through a repr.

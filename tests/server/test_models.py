@@ -720,9 +720,11 @@ async def test_drift_on_one_model_refuses_codec_for_it_only(
     proxy = deployment.proxy
     # Each model's probes went to its own backend, in its own tokenizer's terms.
     assert all(backend.tokenized for backend in backends.values())
-    status, _, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "drifted"})
+    status, headers, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "drifted"})
     assert status == 503
     assert json.loads(raw)["error"]["code"] == "tokenizer_mismatch"
+    # Ask again after the next drift check (drift_check_interval, 300 s), which may lift it.
+    assert 1 <= int(headers["Retry-After"]) <= 300
     for name in ("smol", "qwen"):
         status, headers, _ = await post(proxy, "/v1/completions", json={**CODEC, "model": name})
         assert status == 200
@@ -735,7 +737,12 @@ async def test_drift_on_one_model_refuses_codec_for_it_only(
     status, report = await readyz(proxy)
     assert status == 200  # `drifted` is not required
     models = report["models"]
-    assert models["drifted"]["checks"]["tokenizer"]["reason"] == "tokenizer_mismatch"
+    # Drift is the backend's, never a request's doing: the model is not ready as well.
+    assert models["drifted"]["checks"]["tokenizer"] == {
+        "ready": False,
+        "reason": "tokenizer_mismatch",
+        "refuses_codec": True,
+    }
     assert (models["drifted"]["codec"], models["drifted"]["ready"]) == (False, False)
     for name in ("smol", "qwen"):
         assert models[name]["checks"]["tokenizer"]["reason"] == "tokenizer_matches_backend"

@@ -6,40 +6,57 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
+from proxy.core.backend.drift import DriftState
 from proxy.server import create_app
+from proxy.server.models.served_models import SERVED_MODELS
 from proxy.server.models.verification import _DECODERS
 from proxy.server.process.reload import reload_config
-from proxy.settings import Settings
+from proxy.settings import ModelSettings, Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
+    AiohttpServer,
     ProxyClient,
     app_of,
-    default_model,
 )
 from tests.server.support import frames_of, post, with_swapped_map_ids
+from tests.server.test_drift import TokenizingBackend
 
 CAPTURE = "llamacpp-completions-sample.txt"
 CODEC = {"prompt": "Hi", "max_tokens": 32, "stream_format": "msgpack"}
+PATH_B_ROUTE = "/v1/completions/codec"
 
 
 async def serving(
-    aiohttp_client: AiohttpClient, settings: Settings, vocabulary: Vocabulary, **changes: Any
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    vocabulary: Vocabulary | Mapping[str, Vocabulary],
+    **changes: Any,
 ) -> ProxyClient:
     app = create_app(replace(settings, **changes), vocabulary)
     proxy = await aiohttp_client(app)
-    digest = default_model(proxy).published.digest
-    for _ in range(500):  # the decoder is built off the loop at start
-        if digest in _DECODERS:
-            break
-        await asyncio.sleep(0.01)
+    await decoders_built(proxy)
     return proxy
+
+
+async def decoders_built(proxy: ProxyClient) -> None:
+    """Every model's decoder, built off the loop at start (else sampled streams are skipped,
+    and a test about verdicts would test nothing)."""
+    digests = {model.published.digest for model in app_of(proxy)[SERVED_MODELS]}
+    for _ in range(500):
+        if digests <= _DECODERS.keys():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"map decoders not built after 5 s: {sorted(digests - _DECODERS.keys())}")
 
 
 async def metrics(proxy: ProxyClient) -> str:
@@ -98,7 +115,156 @@ async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
     assert headers["Codec-Tokenizer-Map"].split()[1] in line
 
 
-async def test_refused_after_n_mismatches_until_a_clean_drift_check(
+PATH_B = {
+    "data": msgpack.packb({"prompt_ids": [504, 3575, 282], "max_tokens": 4}),
+    "headers": {"Content-Type": "application/x-msgpack", "Codec-Model": "bad"},
+}
+
+
+async def refusing_deployment(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+) -> ProxyClient:
+    """Two models on one backend that tokenizes as SmolLM2 (so the drift check matches):
+    `bad`, the default, publishes a map whose IDs decode to other text; `good` a right one.
+    Two mismatches refuse Codec."""
+    backend = TokenizingBackend(smollm2_vocabulary.loaded)
+    server = await aiohttp_server(backend.app())
+    url = (str(server.make_url("")).rstrip("/"),)
+    text = load_capture(CAPTURE).stream_text()
+    settings = Settings(
+        models=(
+            ModelSettings("bad", url, smollm2_gguf, map_id="smol-swapped"),
+            ModelSettings("good", url, smollm2_gguf),
+        ),
+        verify_sample_rate=1.0,
+        verify_refuse_after=2,
+    )
+    vocabularies = {
+        "bad": with_swapped_map_ids(smollm2_vocabulary, text),
+        "good": smollm2_vocabulary,
+    }
+    return await serving(aiohttp_client, settings, vocabularies)
+
+
+async def codec(proxy: ProxyClient, model: str) -> tuple[int, dict[str, str], bytes]:
+    return await post(proxy, "/v1/completions", json={**CODEC, "model": model})
+
+
+async def trip(proxy: ProxyClient) -> None:
+    """Two mismatching streams of `bad`: each served whole, the second refusing what follows."""
+    for _ in range(2):
+        status, _, raw = await codec(proxy, "bad")
+        assert status == 200
+        assert frames_of(raw, "msgpack")[-1].done
+    assert (await codec(proxy, "bad"))[0] == 503
+
+
+async def test_a_verification_refusal_refuses_codec_for_its_model_only(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    proxy = await refusing_deployment(
+        aiohttp_client, aiohttp_server, smollm2_gguf, smollm2_vocabulary
+    )
+    json_request = {"model": "bad", "prompt": "Hi", "stream": True}
+    status, _, json_before = await post(proxy, "/v1/completions", json=json_request)
+    assert (status, json_before) == (200, load_capture(CAPTURE).body)
+    await trip(proxy)
+    # Codec for `bad`, Path A and Path B alike: 503, and when to ask again.
+    for status, headers, raw in (
+        await codec(proxy, "bad"),
+        await post(proxy, PATH_B_ROUTE, **PATH_B),
+    ):
+        assert status == 503
+        error = json.loads(raw)["error"]
+        assert (error["code"], error["type"]) == ("verification_mismatch", "service_unavailable")
+        assert "JSON requests are served" in error["message"]
+        # Until the next drift check (drift_check_interval 300 s), which may lift it.
+        assert 1 <= int(headers["Retry-After"]) <= 300
+    # JSON for the refused model, byte for byte as before.
+    status, _, json_after = await post(proxy, "/v1/completions", json=json_request)
+    assert (status, json_after) == (200, json_before)
+    # The other model's Codec is served.
+    status, _, raw = await codec(proxy, "good")
+    assert status == 200
+    assert frames_of(raw, "msgpack")[-1].done
+    # The pod stays ready: the refusal is reported, as not blocking.
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
+        report = await resp.json()
+    assert (report["status"], report["reasons"]) == ("ready", [])
+    bad = report["models"]["bad"]
+    assert (bad["ready"], bad["codec"]) == (True, False)
+    assert bad["checks"]["verification"] == {
+        "ready": True,
+        "reason": "verification_mismatch",
+        "refuses_codec": True,
+    }
+    good = report["models"]["good"]
+    assert (good["ready"], good["codec"]) == (True, True)
+    assert "verification" not in good["checks"]
+    text = await metrics(proxy)
+    for line in (
+        'codec_proxy_codec_available{model="bad"} 0.0',
+        'codec_proxy_model_ready{model="bad"} 1.0',
+        'codec_proxy_codec_available{model="good"} 1.0',
+        'codec_proxy_codec_refused_total{model="bad",reason="verification_mismatch"} 3.0',
+    ):
+        assert line in text
+
+
+@pytest.mark.parametrize("lift", ["reload", "clean drift check"])
+async def test_a_refusal_is_lifted_and_the_window_starts_again_empty(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    lift: str,
+) -> None:
+    proxy = await refusing_deployment(
+        aiohttp_client, aiohttp_server, smollm2_gguf, smollm2_vocabulary
+    )
+    app = app_of(proxy)
+    bad = app[SERVED_MODELS].models["bad"]
+    await trip(proxy)
+    if lift == "reload":
+        assert (await reload_config(app)).ok
+    else:
+        assert bad.drift is not None
+        assert await bad.drift.check()
+        assert bad.drift.verdict.state is DriftState.MATCHED
+    assert 'codec_proxy_codec_available{model="bad"} 1.0' in await metrics(proxy)
+    async with proxy.get("/readyz") as resp:
+        assert "verification" not in (await resp.json())["models"]["bad"]["checks"]
+    # The mismatches that caused it went with it: one more does not refuse again, two do.
+    await trip(proxy)
+
+
+async def test_a_clean_drift_check_keeps_mismatches_that_have_not_refused(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    """The drift check does not look at the map: a clean one is no reason to forget a
+    mismatch, only to lift a refusal."""
+    proxy = await refusing_deployment(
+        aiohttp_client, aiohttp_server, smollm2_gguf, smollm2_vocabulary
+    )
+    bad = app_of(proxy)[SERVED_MODELS].models["bad"]
+    assert (await codec(proxy, "bad"))[0] == 200
+    assert bad.drift is not None
+    assert await bad.drift.check()
+    assert (await codec(proxy, "bad"))[0] == 200
+    assert (await codec(proxy, "bad"))[0] == 503
+
+
+async def test_without_a_drift_check_a_refusal_says_to_retry_after_its_interval(
     aiohttp_client: AiohttpClient,
     settings: Settings,
     smollm2_vocabulary: Vocabulary,
@@ -108,28 +274,18 @@ async def test_refused_after_n_mismatches_until_a_clean_drift_check(
     upstream.script = Script(capture, chunk_size=7)
     bad = with_swapped_map_ids(smollm2_vocabulary, capture.stream_text())
     proxy = await serving(
-        aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
+        aiohttp_client,
+        settings,
+        bad,
+        verify_sample_rate=1.0,
+        verify_refuse_after=1,
+        drift_check_interval=120.0,
     )
-    for _ in range(2):
-        assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
-    status, _, raw = await post(proxy, "/v1/completions", json=CODEC)
-    assert status == 503
-    assert b"verification_mismatch" in raw
-    # JSON keeps flowing, and /readyz says why.
-    json_status, _, _ = await post(proxy, "/v1/completions", json={"prompt": "Hi", "stream": True})
-    assert json_status == 200
-    async with proxy.get("/readyz") as resp:
-        report = await resp.json()
-    assert resp.status == 503
-    assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
-        report["reasons"]
-    )
-    assert 'codec_proxy_codec_available{model="default"} 0.0' in await metrics(proxy)
-    # A reload lifts the refusal (so does a drift check that matches: served_models.py).
-    result = await reload_config(app_of(proxy))
-    assert result.ok
     assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
-    assert 'codec_proxy_codec_available{model="default"} 1.0' in await metrics(proxy)
+    status, headers, _ = await post(proxy, "/v1/completions", json=CODEC)
+    assert (status, headers["Retry-After"]) == (503, "120")
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
 
 
 async def test_rate_zero_verifies_nothing(

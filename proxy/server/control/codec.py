@@ -191,6 +191,7 @@ async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespon
         raise ServiceUnavailable(
             f"Codec streams are refused for now ({refusal.reason}); JSON requests are served",
             code=refusal.reason,
+            retry_after=served.codec_retry_after(time.monotonic()),
         )
     record = request[RECORD]
     record.mode = "codec"

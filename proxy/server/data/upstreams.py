@@ -9,7 +9,8 @@
   client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
 - Timeouts: connect; time to first byte (headers and first body chunk share one budget); idle
   between chunks. No total timeout: a long generation is not a failure (peers.md A2).
-- More than `max_streams` requests in flight is shed with 503 + Retry-After before any work.
+- More than a model's share of `max_streams` in flight for that model, or more than
+  `max_streams` for every model together, is shed with 503 + Retry-After before any work.
 
 Requests go out on the data plane's own kept-alive connections (`connections.py`); the proxy's
 own requests (health checks, the drift check's probes, `/v1/models`) use an aiohttp
@@ -86,7 +87,8 @@ def _request_head(
 
 
 class Overloaded(ProxyError):
-    """`max_streams` requests are in flight (503; the client should retry shortly)."""
+    """A stream budget is spent: the model's share of `max_streams` or the process's (503; the
+    client should retry shortly). The message says which."""
 
     status_hint = 503
     error_type = "overloaded"
@@ -100,12 +102,58 @@ class NoUpstream(UpstreamUnavailable):
     public_message = "no upstream is available right now"
 
 
-class StreamBudget:
+@dataclass
+class ProcessStreams:
     """Upstream requests in flight across every model's pool, against `max_streams`."""
 
-    def __init__(self, limit: int) -> None:
+    limit: int
+    in_flight: int = 0
+
+
+class StreamBudget:
+    """One model's upstream requests in flight, against its share of `max_streams`
+    (`models[].max_streams`), and the process's (shared by every model's budget). A model
+    whose backend stalls spends its own share, never every model's."""
+
+    def __init__(
+        self,
+        limit: int,
+        process: ProcessStreams | None = None,
+        *,
+        model: str = UNNAMED_MODEL,
+        metrics: Metrics,
+    ) -> None:
         self.limit = limit
+        self.process = process or ProcessStreams(limit)  # alone: the process is the model
         self.in_flight = 0
+        self._model = model
+        self._metrics = metrics
+
+    def take(self) -> None:
+        """Count one request in, or raise `Overloaded` naming the budget that is spent."""
+        process = self.process
+        if self.in_flight >= self.limit:
+            budget = "model"
+            message = (
+                f"{self.in_flight} requests in flight for model {self._model!r} (its share of "
+                "max_streams); retry shortly"
+            )
+        elif process.in_flight >= process.limit:
+            budget = "process"
+            message = (
+                f"{process.in_flight} requests in flight for every model together "
+                "(max_streams); retry shortly"
+            )
+        else:
+            self.in_flight += 1
+            process.in_flight += 1
+            return
+        self._metrics.rejected.labels(self._model, budget).inc()
+        raise Overloaded(message, code="overloaded")
+
+    def give_back(self) -> None:
+        self.in_flight -= 1
+        self.process.in_flight -= 1
 
 
 @dataclass(frozen=True)
@@ -151,7 +199,7 @@ class UpstreamPool:
         self.metrics = metrics
         self.readiness = readiness
         self.model = model  # the metric label
-        self.budget = budget or StreamBudget(settings.max_streams)
+        self.budget = budget or StreamBudget(settings.max_streams, model=model, metrics=metrics)
         self.balancer = Balancer(
             upstreams or settings.upstream,
             eject_after=settings.eject_after,
@@ -178,13 +226,7 @@ class UpstreamPool:
         exchange keeps, drains or closes its connection (`Exchange.end`)."""
         settings = self.settings
         budget = self.budget
-        if budget.in_flight >= budget.limit:
-            self.metrics.rejected.inc()
-            raise Overloaded(
-                f"{budget.in_flight} requests in flight (max_streams); retry shortly",
-                code="overloaded",
-            )
-        budget.in_flight += 1
+        budget.take()
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
@@ -195,7 +237,7 @@ class UpstreamPool:
                 exchange.end()
                 exchange.upstream.outstanding -= 1
         finally:
-            budget.in_flight -= 1
+            budget.give_back()
 
     async def _send(
         self,
