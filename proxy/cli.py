@@ -136,9 +136,17 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 def _settings_of(source: ConfigSource) -> Settings:
     try:
-        return source.load()
+        return _checked(source.load())
     except ConfigError as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
+
+
+def _checked(settings: Settings) -> Settings:
+    """`settings`, once the key file they name gives keys (`ConfigError` otherwise). At start
+    this comes before the tokenizers and the workers: a worker that failed on it would only be
+    restarted, again and again."""
+    settings.api_keys()
+    return settings
 
 
 def run_proxy(settings: Settings, *, source: ConfigSource | None = None, banner: str = "") -> None:
@@ -219,7 +227,7 @@ def config_example(_: argparse.Namespace) -> int:
 
 def check_config(args: argparse.Namespace) -> int:
     try:
-        settings = config.load(file=args.file)
+        settings = _checked(config.load(file=args.file))
     except ConfigError as exc:
         print(f"codec-proxy: {exc.message}", file=sys.stderr)
         return 2
@@ -245,7 +253,7 @@ def reload(args: argparse.Namespace) -> int:
     pid_path: Path | None = args.pid_file
     if args.config is not None:
         try:
-            checked = config.load(file=args.config)
+            checked = _checked(config.load(file=args.config))
         except ConfigError as exc:
             print(f"codec-proxy: {exc.message} (nothing signalled)", file=sys.stderr)
             return 2

@@ -96,14 +96,20 @@ def _describe(kind: Any) -> str:
     )
 
 
-def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
-    """Check (from a file) or parse (from text) one value; raise ValueError with the reason."""
+def _convert(kind: Any, value: Any, *, from_text: bool, secret: bool = False) -> Any:
+    """Check (from a file) or parse (from text) one value; raise ValueError with the reason.
+
+    `secret`: a key setting. One that is present but empty (a variable set to "", a template
+    that rendered nothing) is an error, never "no keys": only the word "none" unsets it.
+    """
     inner = _optional_inner(kind)
     if inner is not None:
         # TOML has no null: the string "none" unsets an optional value in files and flags too.
         if value is None or (isinstance(value, str) and value.strip().lower() in _UNSET):
+            if secret and (value is None or not value.strip()):
+                raise ValueError('is empty (to set none, write "none")')
             return None
-        return _convert(inner, value, from_text=from_text)
+        return _convert(inner, value, from_text=from_text, secret=secret)
     origin = typing.get_origin(kind)
     if origin is Literal:
         choices = typing.get_args(kind)
@@ -116,13 +122,15 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
             return _models(value, from_text=from_text)
         if from_text:
             items = [part.strip() for part in value.split(",") if part.strip()]
+            if secret and not items:
+                raise ValueError("is set but holds no key (unset it for none)")
         elif isinstance(value, str):
             items = [value]  # one value where a list is expected: a list of one
         elif isinstance(value, list | tuple):
             items = list(value)
         else:
             raise ValueError(f"must be {_describe(kind)}, got {value!r}")
-        return tuple(_convert(item, v, from_text=from_text) for v in items)
+        return tuple(_convert(item, v, from_text=from_text, secret=secret) for v in items)
     if origin is dict:
         value_kind = typing.get_args(kind)[1]
         if from_text:
@@ -163,7 +171,7 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
     if kind is Path and isinstance(value, Path):
         return value
     if kind is str or kind is Path:
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and (value.strip() if secret else value):
             return Path(value) if kind is Path else value
         raise ValueError(f"must be a non-empty string, got {value!r}")
     raise ValueError(f"has an unsupported type {kind!r}")  # a programming error in Settings
@@ -260,7 +268,7 @@ def load(
         if field is None:
             raise ConfigError(f"{source}: unknown key {name!r}")
         try:
-            value = _convert(field.kind, raw, from_text=from_text)
+            value = _convert(field.kind, raw, from_text=from_text, secret=field.option.secret)
             _check_bounds(field, value)
         except ValueError as exc:
             label = field.env if source == "environment" else name

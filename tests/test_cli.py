@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import build_parser, load_settings
+from proxy.cli import build_parser, check_config, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,3 +122,39 @@ def test_an_unpublishable_map_id_fails_at_start_with_one_line(smollm2_gguf: Path
         "codec-proxy: map id 'Org/../Model' must be lowercase ASCII letters, digits "
         "and . _ / - only"
     ]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_key_file_without_keys_stops_the_start_with_one_line(
+    tmp_path: Path, smollm2_gguf: Path, workers: str
+) -> None:
+    """Before the tokenizers and the workers: with `--workers 2` too, one line and an exit,
+    never a worker restarted again and again, and never a proxy without its keys."""
+    keys = tmp_path / "keys"
+    keys.write_text("# the Secret was mounted empty\n\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:1",
+         "--tokenizer", str(smollm2_gguf), "--api-key-file", str(keys), "--port", "0",
+         "--workers", workers],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "codec-proxy: 'api_key_file' holds no API key (only blank lines or # comments); an "
+        "empty key file never turns authentication off"
+    ]
+    assert result.stdout == ""  # nothing started
+
+
+def test_check_config_reads_the_key_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("")
+    file = tmp_path / "c.toml"
+    file.write_text(f'upstream = "http://x"\ntokenizer = "{tmp_path}"\napi_key_file = "{keys}"\n')
+    args = build_parser().parse_args(["check-config", str(file)])
+    assert check_config(args) == 2
+    assert capsys.readouterr().err.startswith("codec-proxy: 'api_key_file' holds no API key")
+    keys.write_text("k\n")
+    assert check_config(args) == 0

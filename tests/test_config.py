@@ -85,3 +85,98 @@ def test_example_config_is_complete_and_current() -> None:
     for name in config.setting_names():
         if name not in ("upstream", "tokenizer"):
             assert getattr(settings, name) == getattr(defaults, name), name
+
+
+# ------------------------------------------------------------------------ key sources fail closed
+
+
+def test_blank_lines_and_comments_in_a_key_file_are_not_keys(tmp_path: Path) -> None:
+    text = "# rotated on Monday\n\n  key-a  \n   # key-b (revoked)\nkey-c\n"
+    keys = write(tmp_path, "keys", text)
+    settings = Settings(upstream=("http://a",), tokenizer=Path("t"), api_key_file=keys)
+    assert settings.api_keys() == {"key-a", "key-c"}
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\n", "  \n\t\n", "# keys rotate on Monday\n", "# a\n\n  # b\n"]
+)
+def test_a_key_file_that_holds_no_key_is_an_error(tmp_path: Path, text: str) -> None:
+    keys = write(tmp_path, "keys", text)
+    settings = Settings(
+        upstream=("http://a",), tokenizer=Path("t"), api_key=("k",), api_key_file=keys
+    )
+    with pytest.raises(ConfigError, match=r"^'api_key_file' holds no API key") as caught:
+        settings.api_keys()
+    assert str(keys) not in caught.value.message  # the path is secret, like the keys
+
+
+def test_a_key_file_that_cannot_be_read_is_an_error(tmp_path: Path) -> None:
+    missing = Settings(upstream=("http://a",), tokenizer=Path("t"), api_key_file=tmp_path / "no")
+    with pytest.raises(ConfigError, match=r"^cannot read 'api_key_file': No such file"):
+        missing.api_keys()
+    binary = tmp_path / "keys"
+    binary.write_bytes(b"sk-\xff\xfe\n")
+    garbled = Settings(upstream=("http://a",), tokenizer=Path("t"), api_key_file=binary)
+    with pytest.raises(ConfigError, match=r"^'api_key_file' is not UTF-8 text$"):
+        garbled.api_keys()
+
+
+BASE = {"CODEC_PROXY_UPSTREAM": "http://a", "CODEC_PROXY_TOKENIZER": "t"}
+EMPTY_KEY_SOURCES = {
+    "api_key variable": (
+        {"CODEC_PROXY_API_KEY": ""},
+        "'CODEC_PROXY_API_KEY' is set but holds no key",
+    ),
+    "api_key variable of commas": (
+        {"CODEC_PROXY_API_KEY": " , "},
+        "'CODEC_PROXY_API_KEY' is set but holds no key",
+    ),
+    "api_key_file variable": (
+        {"CODEC_PROXY_API_KEY_FILE": ""},
+        "'CODEC_PROXY_API_KEY_FILE' is empty",
+    ),
+    "allow-list variable": (
+        {"CODEC_PROXY_CODEC_ALLOW_KEYS": ""},
+        "'CODEC_PROXY_CODEC_ALLOW_KEYS' is set but holds no key",
+    ),
+    "deny-list variable": (
+        {"CODEC_PROXY_CODEC_DENY_KEYS": " "},
+        "'CODEC_PROXY_CODEC_DENY_KEYS' is set but holds no key",
+    ),
+}
+
+
+@pytest.mark.parametrize(("env", "message"), EMPTY_KEY_SOURCES.values(), ids=EMPTY_KEY_SOURCES)
+def test_a_key_variable_set_but_empty_is_an_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^environment: {message}"):
+        config.load(env={**BASE, **env})
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("c.toml", 'api_key_file = ""', "'api_key_file' is empty"),
+        ("c.toml", 'api_key_file = "  "', "'api_key_file' is empty"),
+        ("c.yaml", "api_key_file:", "'api_key_file' is empty"),
+        ("c.toml", 'api_key = [" "]', "'api_key' must be a non-empty string"),
+        ("c.toml", 'codec_deny_keys = ["k", ""]', "'codec_deny_keys' must be a non-empty string"),
+    ],
+)
+def test_a_key_setting_present_but_empty_in_a_file_is_an_error(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    file = write(tmp_path, name, text + "\n")
+    with pytest.raises(ConfigError, match=message):
+        config.load(file=file, env=BASE)
+
+
+def test_a_flag_naming_an_empty_key_file_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"^command line: 'api_key_file' is empty"):
+        config.load(env=BASE, flags={"api_key_file": ""})
+
+
+def test_no_keys_said_in_so_many_words_is_no_keys(tmp_path: Path) -> None:
+    file = write(tmp_path, "c.toml", 'api_key_file = "none"\napi_key = []\ncodec_deny_keys = []\n')
+    settings = config.load(file=file, env=BASE)
+    assert (settings.api_key_file, settings.api_key, settings.codec_deny_keys) == (None, (), ())
+    assert settings.api_keys() == frozenset()

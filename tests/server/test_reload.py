@@ -136,6 +136,31 @@ async def test_api_keys_added_by_reload_are_enforced_on_the_next_request(
     assert await status_of(proxy, JSON, {"Authorization": "Bearer k3"}) == (200, None)
 
 
+@pytest.mark.parametrize("text", ["", "# rotating: new keys follow\n\n"])
+async def test_a_key_file_emptied_is_refused_and_the_keys_stay(
+    proxy: ProxyClient, tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# the key of team a\nk1\n")
+    assert (await reload_with(proxy, api_key_file=keys)).ok
+    keys.write_text(text)  # an empty Secret mount, a rotation caught half-way
+    caplog.clear()
+    result = await reload_config(app_of(proxy))
+    assert not result.ok
+    assert result.error == (
+        "'api_key_file' holds no API key (only blank lines or # comments); an empty key file "
+        "never turns authentication off"
+    )
+    [line] = reload_lines(caplog)
+    assert (line.levelno, line.getMessage()) == (
+        logging.ERROR,
+        f"config reload refused, nothing changed: {result.error}",
+    )
+    assert reloads(proxy, "error") == 1
+    assert await status_of(proxy, JSON) == (401, "invalid_api_key")
+    assert await status_of(proxy, JSON, {"Authorization": "Bearer k1"}) == (200, None)
+
+
 async def test_the_log_level_changes(
     proxy: ProxyClient, caplog: pytest.LogCaptureFixture, root_level: None
 ) -> None:
