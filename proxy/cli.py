@@ -16,12 +16,13 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from proxy import __version__, config, hangups, logs, pidfile
 from proxy.config import ConfigSource
@@ -55,8 +56,29 @@ def _map_arguments(maps: argparse.ArgumentParser) -> None:
     verify.add_argument("--tokenizer", type=Path, help="the tokenizer the map should describe")
 
 
+# A word argparse did not know that is shown in its error: a flag's name, never its value.
+_FLAG_NAME = re.compile(r"--?[a-z][a-z0-9_-]*")
+_AMBIGUOUS = re.compile(r"(ambiguous option: [^=\s]*)=\S*( could match )")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors name the flags they do not know but never the words after them:
+    `--api-keys sk-...` or `--api=sk-...` would print the key."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            words = unknown.split()
+            flags = [name for w in words if _FLAG_NAME.fullmatch(name := w.partition("=")[0])]
+            message = "unrecognized arguments: " + " ".join(flags)
+            if hidden := len(words) - len(flags):
+                and_ = " and " if flags else ""
+                message += f"{and_}{hidden} word(s) not shown (a key may be among them)"
+        super().error(_AMBIGUOUS.sub(r"\1\2", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="codec-proxy",
         description="Serve Codec token-ID streams in front of an OpenAI JSON-SSE backend.",
     )

@@ -158,3 +158,59 @@ def test_check_config_reads_the_key_file(
     assert capsys.readouterr().err.startswith("codec-proxy: 'api_key_file' holds no API key")
     keys.write_text("k\n")
     assert check_config(args) == 0
+
+
+SECRET = "sk-live-4b9f8e21"
+# PyYAML quotes the line at fault whole: the key, unless the proxy leaves it out.
+BROKEN_YAML = f'upstream: http://x\ntokenizer: t\napi_key: "{SECRET}\n'
+
+
+def test_check_config_never_prints_a_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text(BROKEN_YAML)
+    assert check_config(build_parser().parse_args(["check-config", str(file)])) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"codec-proxy: {file}: not valid YAML: found unexpected end of stream "
+        "(at line 4, column 1)\n"
+    )
+    file.write_text(f"upstream: http://x\ntokenizer: {tmp_path}\napi_key: [{SECRET}]\n")
+    assert check_config(build_parser().parse_args(["check-config", str(file)])) == 0
+    out = capsys.readouterr().out
+    assert "api_key = '<redacted>'" in out.splitlines()
+    assert SECRET not in out
+
+
+def test_a_config_error_at_start_never_prints_a_secret(tmp_path: Path) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text(BROKEN_YAML)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(file)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"codec-proxy: {file}: not valid YAML: found unexpected end of stream (at line 4, column 1)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--api-keys", SECRET, "--prot=5"], "unrecognized arguments: --api-keys --prot and 1 "
+         "word(s) not shown (a key may be among them)"),
+        ([f"--api_key={SECRET}"], "unrecognized arguments: --api_key"),
+        ([SECRET], "unrecognized arguments: 1 word(s) not shown (a key may be among them)"),
+        ([f"--api={SECRET}"], "ambiguous option: --api could match --api-key, --api-key-file"),
+    ],
+)  # fmt: skip
+def test_a_flag_the_parser_does_not_know_is_named_without_what_follows(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--upstream", "http://x", "--tokenizer", "t", *argv])
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(f"error: {message}")
+    assert SECRET not in err

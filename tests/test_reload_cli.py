@@ -183,3 +183,20 @@ def test_a_key_file_without_keys_is_reported_and_nothing_is_signalled(
     )
     with pytest.raises(subprocess.TimeoutExpired):
         target.wait(0.3)  # still running: not signalled
+
+
+def test_reload_never_prints_a_secret_of_the_file(
+    target: subprocess.Popen[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "codec-proxy.yaml"
+    config.write_text("upstream: http://x\ntokenizer: t\napi_key: 12345678901234\n")
+    assert run_reload("--pid", str(target.pid), "--config", str(config)) == 2
+    assert capsys.readouterr().err == (
+        f"codec-proxy: {config}: 'api_key' must be a list of a string, got an integer (secret: "
+        "not shown) (nothing signalled)\n"
+    )
+    config.write_text('upstream: http://x\ntokenizer: t\napi_key: ["sk-live-4b9f8e21]\n')
+    assert run_reload("--pid", str(target.pid), "--config", str(config)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"codec-proxy: {config}: not valid YAML: ")
+    assert "sk-live-4b9f8e21" not in err

@@ -376,6 +376,49 @@ async def test_a_broken_reload_changes_nothing(
     assert reloads(proxy, "ok") == 0
 
 
+SECRETS = {
+    "a YAML error on the key's line": (
+        'api_key: ["sk-live-4b9f8e21]\n',
+        "not valid YAML: found unexpected end of stream (at line 5, column 1)",
+    ),
+    "a YAML alias named like the key": (
+        "api_key: *sk-live-4b9f8e21\n",
+        "not valid YAML: found undefined alias … (at line 4, column 10)",
+    ),
+    "a key of the wrong type": (
+        "api_key: 12345678901234\n",
+        "'api_key' must be a list of a string, got an integer (secret: not shown)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("broken", "problem"), SECRETS.values(), ids=SECRETS.keys())
+async def test_a_refused_reload_never_logs_a_secret(
+    tmp_path: Path,
+    upstream_url: str,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    aiohttp_client: AiohttpClient,
+    caplog: pytest.LogCaptureFixture,
+    broken: str,
+    problem: str,
+) -> None:
+    config = tmp_path / "codec-proxy.yaml"
+    base = f"upstream: {upstream_url}\ntokenizer: {smollm2_gguf}\ndrift_check: false\n"
+    config.write_text(base + "api_key: [sk-live-4b9f8e21]\n")
+    source = ConfigSource(file=config)
+    app = create_app(source.load(), smollm2_vocabulary)
+    app[CONFIG_SOURCE] = source
+    await aiohttp_client(ProxyTestServer(app))
+    config.write_text(base + broken)
+    result = await reload_config(app)
+    assert result.error == f"{config}: {problem}"
+    [line] = reload_lines(caplog)
+    assert line.getMessage() == f"config reload refused, nothing changed: {result.error}"
+    assert "sk-live-4b9f8e21" not in caplog.text
+    assert "12345678901234" not in caplog.text
+
+
 async def test_restart_only_keys_are_named_and_kept(
     make_proxy: MakeProxy,
     upstream: FakeUpstream,
