@@ -293,6 +293,16 @@ def _syntax(exc: Exception) -> str:
     return _QUOTED.sub(shown, " ".join(text.split()))
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """Settings, and which of them the sources state rather than leave to their defaults."""
+
+    settings: Settings
+    # Each key the file, a variable or a flag gives; `models[name].key` for a key of a models
+    # entry. A reload widens access only by what is stated (proxy/reloading.py `unstated`).
+    stated: frozenset[str]
+
+
 def load(
     *,
     file: Path | None = None,
@@ -301,8 +311,20 @@ def load(
     require: bool = True,
 ) -> Settings:
     """Merge the three sources over the defaults, validate, and build `Settings`."""
+    return read(file=file, env=env, flags=flags, require=require).settings
+
+
+def read(
+    *,
+    file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    require: bool = True,
+) -> Loaded:
+    """`load`, and the keys the sources state."""
     known = {f.name: f for f in _fields()}
     values: dict[str, Any] = {}
+    stated: set[str] = set()
 
     def put(source: str, name: str, raw: Any, *, from_text: bool) -> None:
         field = known.get(name)
@@ -315,6 +337,12 @@ def load(
             label = field.env if source == "environment" else name
             raise ConfigError(f"{source}: {label!r} {exc}") from exc
         values[name] = value
+        stated.add(name)
+        if name == "models":
+            model_keys = [f.name for f in _fields(ModelSettings)]
+            for entry, given in zip(value, raw, strict=True):
+                keys = given.keys() if isinstance(given, dict) else model_keys
+                stated.update(f"models[{entry.name}].{key}" for key in keys)
 
     if file is not None:
         for name, raw in read_file(file).items():
@@ -339,7 +367,7 @@ def load(
                 f"or put {field.name!r} (or a 'models' list) in the config file"
             )
     try:
-        return Settings(**values)
+        return Loaded(Settings(**values), frozenset(stated))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -501,4 +529,8 @@ class ConfigSource:
 
     def load(self) -> Settings:
         """The settings as the sources say now; `ConfigError` naming the key and the problem."""
-        return load(file=self.file, env=self.env, flags=self.flags)
+        return self.read().settings
+
+    def read(self) -> Loaded:
+        """`load`, and which keys the sources state (the file read once)."""
+        return read(file=self.file, env=self.env, flags=self.flags)

@@ -419,6 +419,121 @@ async def test_a_refused_reload_never_logs_a_secret(
     assert "12345678901234" not in caplog.text
 
 
+# --------------------------------------------------------------------------- what widens access
+
+
+@dataclasses.dataclass
+class Guarded:
+    """A proxy whose file holds keys, a deny-list, a policy, and Codec switched off."""
+
+    client: ProxyClient
+    config: Path
+    lines: list[str]  # the file's lines, as first written
+
+    async def reload(self, text: str) -> ReloadResult:
+        self.config.write_text(text)
+        return await reload_config(app_of(self.client))
+
+
+@pytest.fixture
+async def guarded(
+    tmp_path: Path,
+    upstream_url: str,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    aiohttp_client: AiohttpClient,
+) -> Guarded:
+    keys = tmp_path / "keys"
+    keys.write_text("k1\n")
+    lines = [
+        f'api_key_file = "{keys}"',
+        "codec_enabled = false",
+        'codec_deny_keys = ["k2"]',
+        f'safety_policy = "{write_policy(tmp_path)}"',
+        "flush_frames = 7",
+    ]
+    config = tmp_path / "codec-proxy.toml"
+    config.write_text("\n".join(lines) + "\n")
+    # Upstream and tokenizer from flags: an emptied file still loads.
+    flags = {"upstream": upstream_url, "tokenizer": smollm2_gguf, "drift_check": False}
+    source = ConfigSource(file=config, env={}, flags=flags)
+    app = create_app(source.load(), smollm2_vocabulary)
+    app[CONFIG_SOURCE] = source
+    return Guarded(await aiohttp_client(ProxyTestServer(app)), config, lines)
+
+
+KEY = {"Authorization": "Bearer k1"}
+
+
+@pytest.mark.parametrize("kept", [3, 1, 0], ids=["cut after 3 lines", "after 1", "emptied"])
+async def test_a_file_cut_short_or_emptied_drops_nothing(
+    guarded: Guarded, caplog: pytest.LogCaptureFixture, kept: int
+) -> None:
+    """Editors and `>` truncate before they write, and watchers signal on each write: a file
+    cut at a line boundary is valid, and must not be taken for a wish to open the proxy."""
+    app = app_of(guarded.client)
+    before = app[LIVE].current
+    caplog.set_level(logging.INFO, "codec_proxy")
+    cut = "".join(line + "\n" for line in guarded.lines[:kept])
+    result = await guarded.reload(cut)
+    assert not result.ok
+    left_out = [
+        "every API key removed: no key needed (api_key_file)",
+        "Codec switched on (codec_enabled)",
+        "deny-list emptied (codec_deny_keys)",
+        "safety policy removed (safety_policy)",
+    ][kept:]
+    assert result.error == (
+        f"settings the configuration leaves out would widen access: {', '.join(left_out)}; "
+        'to mean it, write them (true, [] or "none")'
+    )
+    assert app[LIVE].current is before
+    [line] = reload_lines(caplog)
+    assert (line.levelno, line.getMessage()) == (
+        logging.ERROR,
+        f"config reload refused, nothing changed: {result.error}",
+    )
+    assert reloads(guarded.client, "error") == 1
+    assert await status_of(guarded.client, JSON) == (401, "invalid_api_key")
+    assert await status_of(guarded.client, CODEC, KEY) == (403, "codec_not_enabled")
+
+
+async def test_what_the_file_states_may_widen_access_and_is_logged_as_a_warning(
+    guarded: Guarded, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "codec_proxy")
+    # One list narrowed, the rest explicitly removed: applied, with a warning naming each.
+    result = await guarded.reload(
+        'api_key_file = "none"\ncodec_enabled = true\ncodec_deny_keys = []\n'
+        'safety_policy = "none"\ncodec_allow_keys = ["k3"]\n'
+    )
+    assert result.ok
+    assert result.widened == (
+        "every API key removed: no key needed (api_key_file)",
+        "Codec switched on (codec_enabled)",
+        "deny-list emptied (codec_deny_keys)",
+        "safety policy removed (safety_policy)",
+    )
+    [line] = reload_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert line.getMessage() == (
+        "config reloaded (generation 1): changed api_key_file, safety_policy, flush_frames, "
+        "codec_enabled, codec_allow_keys, codec_deny_keys; widens access: "
+        + ", ".join(result.widened)
+    )
+    assert await status_of(guarded.client, JSON) == (200, None)
+    assert await status_of(guarded.client, CODEC) == (403, "codec_not_enabled")  # not allowed
+    # Narrowing again is an ordinary reload: INFO, nothing widened.
+    caplog.clear()
+    result = await guarded.reload('codec_enabled = false\ncodec_allow_keys = ["k3"]\n')
+    assert result.widened == ()
+    [line] = reload_lines(caplog)
+    assert (line.levelno, line.getMessage()) == (
+        logging.INFO,
+        "config reloaded (generation 2): changed codec_enabled",
+    )
+
+
 async def test_restart_only_keys_are_named_and_kept(
     make_proxy: MakeProxy,
     upstream: FakeUpstream,
