@@ -172,7 +172,9 @@ def _checked(settings: Settings) -> Settings:
 
 
 def run_proxy(settings: Settings, *, source: ConfigSource | None = None, banner: str = "") -> None:
-    # Before the pid file says where we are: a reload signalled while starting is kept.
+    # Held since the command's first line (proxy/__main__.py); here too for a caller of `main`
+    # itself, and before the pid file says where we are: a reload signalled while starting is
+    # kept.
     hangups.defer()
     logs.configure(settings.log_format, settings.log_level)
     with pidfile.written(settings.pid_file):
@@ -381,8 +383,14 @@ def tokenizer_map(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# The commands that serve, and so keep a SIGHUP that came while they started, to reload.
+_SERVING = frozenset({"serve", "embedded"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command not in _SERVING:
+        hangups.release()
     logs.configure("text", "INFO")
     handlers = {
         "serve": serve,
