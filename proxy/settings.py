@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from proxy.core.backend.balancer import DEFAULT_MAX_EJECTION_PERCENT, DEFAULT_PANIC_THRESHOLD
 from proxy.core.backend.kind import BackendSetting
+from proxy.core.errors import ConfigError
 from proxy.core.http.upgrade import VersionPolicyMode
 from proxy.core.stream.token_source import TokenIdMode
 
@@ -275,7 +276,9 @@ class Settings:
         (), help="local API key clients must send as 'Authorization: Bearer <key>'", secret=True
     )
     api_key_file: Path | None = option(
-        None, help="file with one local API key per line (secret)", secret=True
+        None,
+        help="file with one local API key per line (# comments; no key at all is an error)",
+        secret=True,
     )
     # With local keys, a client's Authorization header carries the proxy's key: by default it
     # stays here, so the backend never learns it (docs/ENDPOINTS.md, "Access, errors ...").
@@ -520,10 +523,34 @@ class Settings:
         return f"Settings({', '.join(parts)})"
 
     def api_keys(self) -> frozenset[str]:
-        """Every accepted local API key: the flag/env/file keys and the key file's lines."""
+        """Every accepted local API key: `api_key`'s and the key file's. `ConfigError` when the
+        key file cannot be read or holds no key."""
         keys = set(self.api_key)
         if self.api_key_file is not None:
-            keys.update(
-                line.strip() for line in self.api_key_file.read_text().splitlines() if line.strip()
-            )
+            keys.update(read_key_file(self.api_key_file))
         return frozenset(keys)
+
+
+def read_key_file(path: Path) -> frozenset[str]:
+    """The keys of an `api_key_file`: one per line; blank lines and `# comments` are not keys.
+
+    A file that holds no key is an error, never "no keys": an empty Secret mount, or a file
+    caught half-way through a rotation, would otherwise turn authentication off. Messages never
+    name the path, which the settings treat as secret, nor any of its text.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read 'api_key_file': {exc.strerror or type(exc).__name__}"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("'api_key_file' is not UTF-8 text") from exc
+    lines = (line.strip() for line in text.splitlines())
+    keys = frozenset(line for line in lines if line and not line.startswith("#"))
+    if not keys:
+        raise ConfigError(
+            "'api_key_file' holds no API key (only blank lines or # comments); an empty key "
+            "file never turns authentication off"
+        )
+    return keys
