@@ -6,10 +6,11 @@ line is one flat object a log pipeline can index without parsing a message.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
+
+import orjson
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,7 +28,8 @@ class JsonFormatter(logging.Formatter):
             line["message"] = record.getMessage()
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
-        return json.dumps(line, separators=(",", ":"), default=str)
+        # orjson: a line per request, at a tenth of the json module's cost.
+        return orjson.dumps(line, default=str).decode()
 
 
 class TextFormatter(logging.Formatter):

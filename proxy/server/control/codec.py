@@ -50,7 +50,7 @@ from proxy.server.control.versioning import (
 )
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
-from proxy.server.data.stream import StreamEnd, stream_response
+from proxy.server.data.stream import StreamedResponse, StreamEnd, stream_response
 from proxy.server.models.live import LIVE, config_of
 from proxy.server.models.served_models import SERVED_MODELS, ServedModel, model_of
 from proxy.server.telemetry.metrics import METRICS
@@ -303,10 +303,10 @@ async def _serve(
             # Withheld from clients below 0.4 by the header floor hook
             # (server/control/versioning.py).
             headers.update(policy.response_headers())
-        return web.StreamResponse(status=200, headers=headers)
+        return StreamedResponse(status=200, headers=headers)
 
     response, end = await stream_response(
-        request, context, exchange, body, start, encoding=plan.coding, overhead=True
+        request, context, exchange, body, start, encoding=plan.coding, timed=True
     )
     _account(request, plan, guard, exchange)
     if sampled and model_of(request).verification.record(

@@ -22,7 +22,7 @@ from proxy.server.control.headers import forward_headers, request_target, upstre
 from proxy.server.control.relay import relay_response
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
-from proxy.server.data.stream import stream_response
+from proxy.server.data.stream import StreamedResponse, stream_response
 from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
 from proxy.server.models.served_models import model_of
@@ -87,7 +87,7 @@ async def _police_stream(
     context.record.phase = "first_byte"
 
     def start() -> web.StreamResponse:
-        response = web.StreamResponse(status=200)
+        response = StreamedResponse(status=200)
         for name, value in _headers(exchange.head, policy):
             response.headers.add(name, value)
         return response

@@ -20,7 +20,7 @@ from proxy.server.control.headers import forward_headers, request_target, upstre
 from proxy.server.control.request_body import read_request_body
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
-from proxy.server.data.stream import stream_response
+from proxy.server.data.stream import StreamedResponse, stream_response
 
 
 async def relay_response(
@@ -31,7 +31,7 @@ async def relay_response(
     context.record.phase = "first_byte"
 
     def start() -> web.StreamResponse:
-        response = web.StreamResponse(status=head.status, reason=head.reason)
+        response = StreamedResponse(status=head.status, reason=head.reason)
         for name, value in upstream_response_headers(head, drop=("content-length",)):
             response.headers.add(name, value)
         if head.content_length is not None:

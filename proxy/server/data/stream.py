@@ -42,7 +42,7 @@ from aiohttp.http_writer import StreamWriter
 
 from proxy.core.bodies import ResponseBody
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from proxy.core.http.framing import BodyFramer
+from proxy.core.http.framing import BodyFramer, Framing
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.data.context import StreamContext
 from proxy.server.data.drain import is_shutdown
@@ -54,8 +54,23 @@ log = logging.getLogger("codec_proxy")
 
 # How much of a first read is fed at a time until the first frame exists: a few events.
 _FIRST_READ_SLICE: Final = 4096
+# What may arrive while the response is being started before the upstream is paused: a
+# pause and a resume are two system calls per stream, and the handler is quick to start.
+_READY_BUFFER_BYTES: Final = 64 * 1024
+# A write that leaves the transport's buffer below asyncio's low-water mark (16 KiB) cannot
+# make aiohttp wait for a drain, so it needs no timer around it.
+_NO_WAIT_BELOW: Final = 16 * 1024
 # Statuses whose responses have no body (RFC 9112 §6.3).
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
+
+
+class StreamedResponse(web.StreamResponse):
+    """A streamed response whose status line and headers leave in one write with its first
+    body bytes (aiohttp's default sends them alone, as soon as the response is prepared: one
+    more system call per stream, and nothing gained, since the response is only prepared
+    once its first bytes are ready)."""
+
+    _send_headers_immediately = False
 
 
 class StreamEnd(Enum):
@@ -72,7 +87,7 @@ _ENDED_WHOLE: Final = frozenset({StreamEnd.COMPLETE, StreamEnd.SHUTDOWN})
 
 class _Phase(Enum):
     BEFORE = "before"  # feeding until the body is ready
-    READY = "ready"  # ready, upstream paused, the handler starts the response
+    READY = "ready"  # ready: the handler starts the response
     STREAMING = "streaming"
     ENDED = "ended"
 
@@ -82,6 +97,7 @@ class ResponseStream:
 
     __slots__ = (
         "_body",
+        "_chunked",
         "_client",
         "_context",
         "_deadline_at",
@@ -89,11 +105,11 @@ class ResponseStream:
         "_done",
         "_end",
         "_exchange",
+        "_feed",
         "_feed_seconds",
         "_feeds",
         "_framer",
         "_gaps",
-        "_head",
         "_last_write",
         "_loop",
         "_pending_end",
@@ -101,22 +117,32 @@ class ResponseStream:
         "_phase",
         "_ready",
         "_rest",
+        "_rest_bytes",
+        "_tail",
+        "_timed",
         "_transport",
         "_write_timer",
         "bytes_out",
+        "head",
     )
 
-    def __init__(self, exchange: Exchange, body: ResponseBody, context: StreamContext) -> None:
+    def __init__(
+        self, exchange: Exchange, body: ResponseBody, context: StreamContext, *, timed: bool
+    ) -> None:
         self._exchange = exchange
         self._body = body
+        self._feed = body.feed
         self._context = context
+        self._timed = timed  # the body's mean cost per chunk is measured (Codec bodies)
         self._loop = loop = asyncio.get_running_loop()
         self._phase = _Phase.BEFORE
         self._ready: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[StreamEnd] = loop.create_future()
         self._end: StreamEnd | None = None
-        self._head: list[bytes] = []
+        self.head: list[bytes] = []  # the body's first bytes, made before the response starts
         self._rest: list[bytes] = []
+        self._rest_bytes = 0
+        self._tail = b""  # the body's last bytes, written with its end marker
         self._pending_end = False
         self._pending_error: Exception | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -125,6 +151,7 @@ class ResponseStream:
         self._client: ProxyProtocol | None = None
         self._transport: asyncio.Transport | None = None
         self._framer: BodyFramer | None = None
+        self._chunked = False
         self._gaps = LocalHistogram(context.metrics.inter_token_gap.labels(context.mode))
         self._last_write: float | None = None
         self._feed_seconds = 0.0
@@ -137,23 +164,28 @@ class ResponseStream:
         phase = self._phase
         try:
             if phase is _Phase.STREAMING:
-                body = self._body
-                started = time.perf_counter()
-                out = body.feed(data, self._loop.time())
-                self._feed_seconds += time.perf_counter() - started
-                self._feeds += 1
-                if out:
+                if self._timed:
+                    started = time.perf_counter()
+                    out = self._feed(data, self._loop.time())
+                    self._feed_seconds += time.perf_counter() - started
+                    self._feeds += 1
+                else:
+                    out = self._feed(data, self._loop.time())
+                if self._body.done:
+                    self._end_whole(out)
+                elif out:
                     self._write(out)
-                if body.done:
-                    self._finish(StreamEnd.COMPLETE)
                 elif self._deadline_timer is None:
-                    self._arm_deadline()
+                    self._arm_deadline()  # frames wait for their flush window
             elif phase is _Phase.BEFORE:
                 self._before_ready(data)
             elif phase is _Phase.READY:
                 # What arrives while the response is being started is fed chunk by chunk
                 # later, as it came: a Codec body makes one frame per feed.
                 self._rest.append(data)
+                self._rest_bytes += len(data)
+                if self._rest_bytes > _READY_BUFFER_BYTES:
+                    self._exchange.pause_reading()
         except Exception as exc:
             self._crashed(exc)
 
@@ -161,10 +193,9 @@ class ResponseStream:
         try:
             phase = self._phase
             if phase is _Phase.STREAMING:
-                self._write(self._body.flush(self._loop.time()))
-                self._finish(StreamEnd.COMPLETE)
+                self._end_whole(self._body.flush(self._loop.time()))
             elif phase is _Phase.BEFORE:
-                self._head.append(self._body.flush(self._loop.time()))
+                self.head.append(self._body.flush(self._loop.time()))
                 self._pending_end = True
                 self._become_ready()
             elif phase is _Phase.READY:
@@ -222,36 +253,39 @@ class ResponseStream:
 
     async def run(self, request: web.Request, response: web.StreamResponse) -> StreamEnd:
         """Start `response` (prepared) with the head, then stream until the end."""
-        record = self._context.record
-        head = b"".join(self._head)
-        self._head = []
+        head = b"".join(self.head)
+        self.head = []
         # The head goes through aiohttp's writer, with the status line and headers in one
         # write; from then on the body is framed here, the way the writer would have.
-        timeout = self._context.write_timeout or None
-        try:
-            async with asyncio.timeout(timeout):
-                await response.write(head)
-        except TimeoutError:
-            self.drop_slow_client()
-            return self._end or StreamEnd.SLOW_CLIENT
+        transport = request.transport
+        if transport is not None and transport.get_write_buffer_size() + len(head) < _NO_WAIT_BELOW:
+            await response.write(head)
+        else:
+            try:
+                async with asyncio.timeout(self._context.write_timeout or None):
+                    await response.write(head)
+            except TimeoutError:
+                self.drop_slow_client()
+                return self._end or StreamEnd.SLOW_CLIENT
         if head:
-            self._accounted(len(head), self._loop.time())
+            self._accounted(len(head))
         writer = request.writer
         if not isinstance(writer, StreamWriter):
             raise TypeError("streams are written on aiohttp's HTTP/1.1 writer")
-        self._framer = BodyFramer.for_response(
+        framer = self._framer = BodyFramer.for_response(
             chunked=writer.chunked,
             length=writer.length,
             empty=request.method == "HEAD"
             or response.status in _NO_BODY_STATUSES
             or response.status < 200,
         )
-        record.phase = "streaming"
+        self._chunked = framer.framing is Framing.CHUNKED
+        self._context.record.phase = "streaming"
         protocol = request.protocol
         if not isinstance(protocol, ProxyProtocol):
             raise TypeError("streams are served on codec-proxy's own connections (ProxyRunner)")
         self._client = protocol
-        self._transport = request.transport
+        self._transport = transport
         if self._end is None:
             self._phase = _Phase.STREAMING
             protocol.listener = self
@@ -280,6 +314,31 @@ class ResponseStream:
             writer.output_size += self.bytes_out
         return end
 
+    async def end_response(self, response: web.StreamResponse) -> None:
+        """Write the body's last bytes with its end marker (aiohttp frames both in one write),
+        within the write timeout when the write could wait for the client."""
+        tail, self._tail = self._tail, b""
+        framer = self._framer
+        if framer is not None and not self._chunked:
+            tail = framer.frame(tail)  # aiohttp frames only chunked ends
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if tail:
+            self._accounted(len(tail))
+        client = self._client
+        paused = client is not None and client.writing_paused
+        if not paused and transport.get_write_buffer_size() + len(tail) < _NO_WAIT_BELOW:
+            await response.write_eof(tail)
+        else:
+            try:
+                async with asyncio.timeout(self._context.write_timeout or None):
+                    await response.write_eof(tail)
+            except TimeoutError:
+                self.drop_slow_client()
+                return
+        self._context.record.completed = True
+
     def shutdown(self) -> None:
         """End the stream now (the drain timeout): a Codec body with its terminal frame."""
         if self._phase is _Phase.ENDED:
@@ -289,11 +348,25 @@ class ResponseStream:
         self._context.record.outcome = "ended_by_shutdown"
         if ending is None:
             self._close_client()
+            self._finish(StreamEnd.SHUTDOWN)
         else:
-            self._write(ending)
-        self._finish(StreamEnd.SHUTDOWN)
+            self._tail = ending
+            self._finish(StreamEnd.SHUTDOWN)
 
-    def publish(self, encoding: str, *, overhead: bool) -> None:
+    def drop_slow_client(self) -> None:
+        """The client did not take our bytes within `write_timeout`: drop it."""
+        context = self._context
+        context.metrics.timeouts.labels("write").inc()
+        context.record.outcome = "slow_client"
+        # Abort, not close: a close waits to flush a send queue the client never reads,
+        # keeping the socket and its kernel buffers.
+        transport = self._transport
+        if transport is not None:
+            transport.abort()
+        self._exchange.cancel()
+        self._finish(StreamEnd.SLOW_CLIENT)
+
+    def publish(self, encoding: str) -> None:
         """The stream's accounting, once, at its end."""
         context = self._context
         metrics = context.metrics
@@ -301,7 +374,7 @@ class ResponseStream:
         self._gaps.publish()
         if self.bytes_out:
             metrics.bytes_out.labels(context.mode, encoding, context.model).inc(self.bytes_out)
-        if overhead and self._feeds:
+        if self._timed and self._feeds:
             metrics.overhead.labels(context.mode, context.model).observe(
                 self._feed_seconds / self._feeds
             )
@@ -310,7 +383,7 @@ class ResponseStream:
 
     def _before_ready(self, data: bytes) -> None:
         body = self._body
-        head = self._head
+        head = self.head
         now = self._loop.time()
         while data and not body.ready:
             head.append(body.feed(data[:_FIRST_READ_SLICE], now))
@@ -318,13 +391,13 @@ class ResponseStream:
         if body.ready:
             if data:
                 self._rest.append(data)
+                self._rest_bytes += len(data)
             self._become_ready()
         elif self._deadline_timer is None:
             self._arm_deadline()
 
     def _become_ready(self) -> None:
         self._phase = _Phase.READY
-        self._exchange.pause_reading()
         self._cancel_deadline()
         if not self._ready.done():
             self._ready.set_result(None)
@@ -339,31 +412,34 @@ class ResponseStream:
                 return
         if self._pending_error is not None:
             self.on_error(self._pending_error)
-        elif self._pending_end or self._body.done:
-            if self._pending_end:
-                self.on_end()
-            else:
-                self._finish(StreamEnd.COMPLETE)
+        elif self._pending_end:
+            self.on_end()
+        elif self._body.done:
+            self._end_whole(b"")
         else:
             self._arm_deadline()
-            if not (self._client is not None and self._client.writing_paused):
+            client = self._client
+            if self._rest_bytes > _READY_BUFFER_BYTES and not (
+                client is not None and client.writing_paused
+            ):
                 self._exchange.resume_reading()
 
     def _write(self, data: bytes) -> None:
-        if not data:
+        transport = self._transport
+        if transport is None:
             return
-        framer = self._framer
-        framed = framer.frame(data) if framer is not None else data
-        if framed:
-            transport = self._transport
-            if transport is None or transport.is_closing():
-                self.client_lost()
-                return
-            transport.write(framed)
-        self._accounted(len(data), self._loop.time())
+        if self._chunked:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            framer = self._framer
+            framed = framer.frame(data) if framer is not None else data
+            if framed:
+                transport.write(framed)
+        self._accounted(len(data))
 
-    def _accounted(self, size: int, now: float) -> None:
+    def _accounted(self, size: int) -> None:
         self.bytes_out += size
+        now = self._loop.time()
         last = self._last_write
         self._last_write = now
         if last is None:
@@ -373,6 +449,11 @@ class ResponseStream:
             context.metrics.ttft.labels(context.mode, context.model).observe(record.ttft)
         else:
             self._gaps.observe(now - last)
+
+    def _end_whole(self, tail: bytes) -> None:
+        """The body is whole: its last bytes go out with its end marker."""
+        self._tail = tail
+        self._finish(StreamEnd.COMPLETE)
 
     def _arm_deadline(self) -> None:
         when = self._body.deadline()
@@ -390,10 +471,12 @@ class ResponseStream:
         try:
             now = self._loop.time()
             if self._phase is _Phase.STREAMING:
-                self._write(self._body.on_deadline(now))
+                out = self._body.on_deadline(now)
+                if out:
+                    self._write(out)
                 self._arm_deadline()
             elif self._phase is _Phase.BEFORE:
-                self._head.append(self._body.on_deadline(now))
+                self.head.append(self._body.on_deadline(now))
                 if self._body.ready:
                     self._become_ready()
                 else:
@@ -413,8 +496,7 @@ class ResponseStream:
             self._close_client()
             self._finish(StreamEnd.UPSTREAM_FAILED)
             return
-        self._write(ending)
-        self._finish(StreamEnd.COMPLETE)
+        self._end_whole(ending)
 
     def _crashed(self, exc: Exception) -> None:
         """A bug in a callback: logged with the request, and the stream ended the way an
@@ -440,25 +522,11 @@ class ResponseStream:
             self._close_client()
             self._finish(StreamEnd.UPSTREAM_FAILED)
         else:
-            self._write(ending)
-            self._finish(StreamEnd.COMPLETE)
+            self._end_whole(ending)
 
     def _write_timed_out(self) -> None:
         self._write_timer = None
         self.drop_slow_client()
-
-    def drop_slow_client(self) -> None:
-        """The client did not take our bytes within `write_timeout`: drop it."""
-        context = self._context
-        context.metrics.timeouts.labels("write").inc()
-        context.record.outcome = "slow_client"
-        # Abort, not close: a close waits to flush a send queue the client never reads,
-        # keeping the socket and its kernel buffers.
-        transport = self._transport
-        if transport is not None:
-            transport.abort()
-        self._exchange.cancel()
-        self._finish(StreamEnd.SLOW_CLIENT)
 
     def _close_client(self) -> None:
         client = self._client
@@ -474,8 +542,10 @@ class ResponseStream:
         self._end = end
         self._cancel_timers()
         # Nothing more is fed: the control plane drains or cancels what is left upstream.
-        self._exchange.pause_reading()
-        self._exchange.detach()
+        exchange = self._exchange
+        exchange.detach()
+        if not exchange.complete:
+            exchange.pause_reading()
         if not self._done.done():
             self._done.set_result(end)
 
@@ -510,38 +580,24 @@ async def stream_response(
     start: Callable[[], web.StreamResponse],
     *,
     encoding: str = "identity",
-    overhead: bool = False,
+    timed: bool = False,
 ) -> tuple[web.StreamResponse, StreamEnd]:
     """Stream `exchange`'s body through `body` to the client; `start()` makes the response
-    once the body is ready. Returns it sent in full, or with its connection closed (the
-    upstream broke mid-body, or the client stopped reading for `write_timeout`), and how the
-    stream ended."""
-    stream = ResponseStream(exchange, body, context)
+    (a `StreamedResponse`) once the body is ready. Returns it sent in full, or with its
+    connection closed (the upstream broke mid-body, or the client stopped reading for
+    `write_timeout`), and how the stream ended. `timed`: measure the body's mean cost per
+    upstream chunk (`codec_proxy_overhead_seconds`)."""
+    stream = ResponseStream(exchange, body, context, timed=timed)
     await stream.ready()
     response = start()
     await response.prepare(request)
-    record = context.record
     try:
         end = await stream.run(request, response)
-        transport = request.transport
-        if end in _ENDED_WHOLE and transport is not None and not transport.is_closing():
-            await _end_response(stream, response, context)
+        if end in _ENDED_WHOLE:
+            await stream.end_response(response)
     finally:
-        stream.publish(encoding, overhead=overhead)
+        stream.publish(encoding)
     if end is StreamEnd.CLIENT_LEFT:
         raise ConnectionResetError("the client closed the connection")
-    record.status = response.status
+    context.record.status = response.status
     return response, end
-
-
-async def _end_response(
-    stream: ResponseStream, response: web.StreamResponse, context: StreamContext
-) -> None:
-    """The body's end marker (aiohttp writes it), within the write timeout."""
-    try:
-        async with asyncio.timeout(context.write_timeout or None):
-            await response.write_eof()
-    except TimeoutError:
-        stream.drop_slow_client()
-        return
-    context.record.completed = True

@@ -156,22 +156,22 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self._state
-        if state is _State.HEAD:
-            self._head_bytes += len(data)
-        elif state is not _State.BODY:
+        if state is _State.BODY:  # the steady state: straight to the parser
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                self._parser_failed(exc)
+            return
+        if state is not _State.HEAD:
             if state is not _State.CLOSED:
                 # Bytes with no request to answer: the connection cannot be trusted again.
                 self._fail(BadResponse("upstream sent bytes no request asked for"))
             return
+        self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as exc:
-            # A sink guards its own callbacks; this is the connection's own bug.
-            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
-            self._fail(BadResponse(f"response handling failed: {cause!r}"))
-            return
         except httptools.HttpParserError as exc:
-            self._fail(BadResponse(f"malformed response: {exc}"))
+            self._parser_failed(exc)
             return
         if self._state is _State.HEAD and self._head_bytes > MAX_HEAD_BYTES:
             # Reads that still have not completed the head (one read is at most 256 KiB).
@@ -219,6 +219,9 @@ class UpstreamConnection(asyncio.Protocol):
     # --- httptools callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._state is not _State.HEAD:
+            # A second answer to one request (bytes after the response's end).
+            raise BadResponse("upstream sent bytes no request asked for")
         self._headers = []
         self._reason = b""
 
@@ -315,8 +318,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.received = 0
         waiter = self._head_waiter = self._loop.create_future()
         transport = self._transport
-        transport.write(head)
-        if body:
+        if not body or len(body) <= _BODY_WRITE_BYTES:
+            transport.write(head + body if body else head)  # one system call for both
+        else:
+            transport.write(head)
             view = memoryview(body)
             for start in range(0, len(view), _BODY_WRITE_BYTES):
                 if self._state is _State.CLOSED:
@@ -351,9 +356,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink = None
 
     def pause_reading(self) -> None:
-        if not self.reading_paused and self._transport is not None:
+        transport = self._transport
+        if not self.reading_paused and transport is not None and not transport.is_closing():
             self.reading_paused = True
-            self._transport.pause_reading()
+            transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self.reading_paused and self._transport is not None:
@@ -379,11 +385,17 @@ class UpstreamConnection(asyncio.Protocol):
         """The response was read to its end and the connection goes back to the pool."""
         self._state = _State.IDLE
         self._sink = None
-        self.reading_paused = False
-        if self._transport is not None:
-            self._transport.resume_reading()  # idle: a close by the upstream must be seen
+        self.resume_reading()  # idle: a close by the upstream must be seen
 
     # --- internal --------------------------------------------------------------------------------
+
+    def _parser_failed(self, exc: httptools.HttpParserError) -> None:
+        if isinstance(exc, httptools.HttpParserCallbackError):
+            # A sink guards its own callbacks; this is the connection's own bug.
+            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+            self._fail(BadResponse(f"response handling failed: {cause!r}"))
+        else:
+            self._fail(BadResponse(f"malformed response: {exc}"))
 
     def _fail(self, exc: Exception) -> None:
         state = self._state

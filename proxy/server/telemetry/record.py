@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -49,7 +49,9 @@ class RequestRecord:
     completed: bool = False
 
     def log_fields(self) -> dict[str, object]:
-        fields = asdict(self)
+        # Every field is a plain value: a shallow copy (asdict's deep one cost a fifth of a
+        # streamed request's own CPU).
+        fields = dict(vars(self))
         fields.pop("started")
         fields.pop("completed")
         # The value the metrics carry (`none` for requests no model applies to), so a log
