@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.core.errors import BadRequest, ConfigError, NotFound
+from proxy.core.shown import quoted
 
 # Metric and log values for requests that name no configured model (never the raw name: it is
 # client input, and labels must stay a bounded set).
@@ -55,7 +56,7 @@ class ModelRoutes:
         model = self.names.get(requested)
         if model is None:
             raise NotFound(
-                f"The model {requested!r} does not exist (GET /v1/models lists the models "
+                f"The model {quoted(requested)} does not exist (GET /v1/models lists the models "
                 "served here)",
                 code="model_not_found",
                 param="model",

@@ -26,6 +26,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.core.errors import BadRequest
+from proxy.core.shown import quoted
 
 # Shorter runs are parsed with the rest: 64 KiB of IDs is about a millisecond of orjson.
 MIN_RUN: Final = 64 * 1024
@@ -81,9 +82,9 @@ class PendingIds:
             try:
                 part = orjson.loads(b"[" + piece + b"]")
             except orjson.JSONDecodeError as exc:
-                raise invalid_json(f"in the array of {self.key!r}: {exc}") from exc
+                raise invalid_json(f"in the array of {quoted(self.key)}: {exc}") from exc
             if not part:  # `[1,,2]` or `[1,]`: an empty slice between two commas
-                raise invalid_json(f"in the array of {self.key!r}: an element is missing")
+                raise invalid_json(f"in the array of {quoted(self.key)}: an element is missing")
             items[filled : filled + len(part)] = part
             filled += len(part)
             if cut == -1:

@@ -37,6 +37,7 @@ from proxy.core.http.body_coding import decode_body
 from proxy.core.http.json_body import MODEL_LOOKUP_BYTES, requested_model
 from proxy.core.http.request import CompletionRequest, LimitsFor
 from proxy.core.http.upstream_body import UpstreamRequest
+from proxy.core.shown import quoted
 from proxy.core.wire.codec_request import decode_codec_request
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.server.control.codec import codec_plan, serve_codec
@@ -169,7 +170,7 @@ async def other_routes(request: web.Request) -> web.StreamResponse:
             return await _path_a(request, endpoint)
         if generates_unpoliced_text(request.raw_path):
             raise Forbidden(
-                f"{request.path} generates text the safety policy cannot check; use "
+                f"{quoted(request.path)} generates text the safety policy cannot check; use "
                 "/v1/completions or /v1/chat/completions",
                 code="route_not_policed",
             )
