@@ -1,8 +1,8 @@
 """What error bodies and log lines show of values the proxy did not choose.
 
 A client's value (a model name, `stream_format`, a header, a path, a JSON key) is bounded
-wherever it is echoed; URL credentials never reach a log line; and a newline cannot forge a
-text log line.
+wherever it is echoed; URL credentials never reach a log line; a newline cannot forge a text
+log line; and each request's log lines name the proxy's own id beside the client's.
 """
 
 from __future__ import annotations
@@ -351,3 +351,44 @@ def test_the_banner_and_the_settings_show_no_credentials(
     for text in ("\n".join(announcement(secret, served)), repr(secret), config.describe(secret)):
         assert "http://***@vllm:8000" in text
         assert not shows_credentials(text)
+
+
+# --- request ids ------------------------------------------------------------------------------
+
+
+def forwarded_id(upstream: FakeUpstream) -> str:
+    return {k.lower(): v for k, v in upstream.requests[0].headers.items()}["x-request-id"]
+
+
+async def test_log_lines_name_the_proxys_id_beside_the_clients(
+    named: ProxyClient, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    headers = {"X-Request-Id": "client-7"}
+    async with named.post("/v1/embeddings", json={"input": "Hi"}, headers=headers) as resp:
+        assert resp.headers["X-Request-Id"] == "client-7"  # echoed, as ever
+        await resp.read()
+    async with named.post("/v1/embeddings", json={"model": "x"}, headers=headers) as resp:
+        assert resp.status == 404
+    assert forwarded_id(upstream) == "client-7"  # forwarded, as ever
+    access = await access_lines(caplog, 2)
+    assert [line["client_request_id"] for line in access] == ["client-7", "client-7"]
+    own = [line["id"] for line in access]
+    assert len(set(own)) == 2
+    assert "client-7" not in own
+    # The error line of the 404 names both, so it finds its access-log line.
+    [error] = [r.getMessage() for r in caplog.records if "-> 404" in r.getMessage()]
+    assert f"(request {own[1]} (X-Request-Id client-7))" in error
+
+
+async def test_a_client_id_unfit_for_logs_is_replaced_not_kept(
+    named: ProxyClient, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    headers = {"X-Request-Id": "two words"}
+    async with named.post("/v1/embeddings", json={"input": "Hi"}, headers=headers) as resp:
+        echoed = resp.headers["X-Request-Id"]
+        await resp.read()
+    [line] = await access_lines(caplog, 1)
+    assert (line["id"], line["client_request_id"]) == (echoed, None)
+    assert forwarded_id(upstream) == echoed

@@ -313,7 +313,7 @@ async def _serve(
     if sampled and model_of(request).verification.record(
         body.verification if body.done else None,
         token_source=guard.token_source or RETOKENIZED,
-        request_id=context.record.id,
+        request=context.record.described(),
         settings=config_of(request).settings,
         metrics=app[METRICS],
         now=time.monotonic(),

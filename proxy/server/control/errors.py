@@ -135,6 +135,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def _target(request: web.Request) -> str:
-    """The request as a log line names it: method and path, the client's, so bounded and
-    quoted."""
-    return f"{clipped(request.method)} {quoted(request.path)}"
+    """The request as a log line names it: method and path (the client's, so bounded and
+    quoted), and its ids, which find its access-log line."""
+    record = request.get(RECORD)
+    ids = "" if record is None else f" (request {record.described()})"
+    return f"{clipped(request.method)} {quoted(request.path)}{ids}"

@@ -52,7 +52,7 @@ def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list
         drop = (*drop, "authorization")
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
-    return [*headers, (REQUEST_ID_HEADER, request[RECORD].id)]
+    return [*headers, (REQUEST_ID_HEADER, request[RECORD].forwarded_id)]
 
 
 def combined_header(request: web.Request, name: str) -> str | None:
