@@ -31,6 +31,7 @@ from proxy.core.endpoints import (
     Endpoint,
     endpoint_for,
     generates_unpoliced_text,
+    is_codec_request,
 )
 from proxy.core.errors import Forbidden, ProxyError
 from proxy.core.http.body_coding import decode_body
@@ -159,16 +160,22 @@ async def completions_codec(request: web.Request) -> web.StreamResponse:
 
 
 async def other_routes(request: web.Request) -> web.StreamResponse:
-    """Every other path, any method: relayed as it is, to the model the body names (else the
-    default). With a safety policy loaded, a spelling of a generation route the router did not
-    match (`/v1/completions/`, `//completions`) is served as that route, and a generation
-    route the policy cannot read is refused: the backend's router may well accept what ours
-    did not."""
-    if config_of(request).safety_policies and request.method == "POST":
+    """Every other path, any method.
+
+    A spelling of a generation route the router did not match (`/v1/completions/`,
+    `//completions`, `/V1/completions/codec`) is served as that route: the backend's router may
+    well accept what ours did not, and behind a backend that serves Codec itself such a
+    spelling went past the rollout switches. With a safety policy loaded, a generation route
+    the policy cannot read is refused. Everything else is relayed, to the model the body names
+    (else the default).
+    """
+    if request.method == "POST":
+        if is_codec_request(request.raw_path):
+            return await completions_codec(request)
         endpoint = endpoint_for(request.raw_path)
         if endpoint is not None:
             return await _path_a(request, endpoint)
-        if generates_unpoliced_text(request.raw_path):
+        if config_of(request).safety_policies and generates_unpoliced_text(request.raw_path):
             raise Forbidden(
                 f"{quoted(request.path)} generates text the safety policy cannot check; use "
                 "/v1/completions or /v1/chat/completions",
