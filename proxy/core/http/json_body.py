@@ -194,20 +194,3 @@ def _find_marker(body: dict[str, Any], marker: str) -> tuple[str, list[Any]] | N
             if type(candidate) is list and len(candidate) == 1 and candidate[0] == marker:
                 return key, candidate
     return None
-
-
-# Other routes' bodies are read for their model only up to this size: an embeddings request
-# is small; a larger body goes to the default model rather than cost a parse.
-MODEL_LOOKUP_BYTES: Final = 1 << 20
-
-
-def requested_model(raw: bytes) -> object | None:
-    """The `model` of a JSON object body, for routing a route the proxy does not parse; None
-    when the body is not a small JSON object (it goes to the default model)."""
-    if not raw or len(raw) > MODEL_LOOKUP_BYTES or raw.lstrip()[:1] != b"{":
-        return None
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return value.get("model") if isinstance(value, dict) else None
