@@ -25,8 +25,10 @@ from yarl import URL
 
 from proxy import config, logs
 from proxy.cli import announcement
+from proxy.core.errors import ConfigError
 from proxy.logs import UNPARSED_REQUESTS, JsonFormatter, TextFormatter
 from proxy.server import create_app
+from proxy.server.data.connections import Origin
 from proxy.server.models.served_models import SERVED_MODELS
 from proxy.settings import ModelSettings, Settings
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -340,6 +342,23 @@ async def test_an_unreachable_upstream_names_its_url_without_credentials(
         assert found, needle
         assert "http://***@127.0.0.1:" in found[0]
     assert not any(shows_credentials(line) for line in lines)
+
+
+def test_a_config_error_names_a_url_without_credentials() -> None:
+    env = {
+        "CODEC_PROXY_UPSTREAM": f"ftp://{USER}:{PASSWORD}@vllm:8000",
+        "CODEC_PROXY_TOKENIZER": "t",
+    }
+    with pytest.raises(ConfigError) as refused:
+        config.load(env=env)
+    assert "'ftp://***@vllm:8000'" in refused.value.message
+    assert not shows_credentials(refused.value.message)
+
+
+def test_an_upstream_url_without_a_host_is_named_without_credentials() -> None:
+    with pytest.raises(ValueError, match="not an http") as refused:
+        Origin.of(f"http://{USER}:{PASSWORD}@")
+    assert not shows_credentials(str(refused.value))
 
 
 def test_the_banner_and_the_settings_show_no_credentials(
