@@ -22,12 +22,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from proxy import __version__, config, hangups, logs, pidfile
 from proxy.config import ConfigSource
 from proxy.core.errors import ConfigError
+from proxy.core.shown import without_credentials
 from proxy.settings import ModelSettings, Settings
+
+if TYPE_CHECKING:
+    from proxy.server.models.served_models import ServedModels
 
 log = logging.getLogger("codec_proxy")
 
@@ -230,19 +234,26 @@ def run_worker(
     def announce() -> None:
         if index:
             return
-        print(f"codec-proxy {__version__} on http://{settings.host}:{settings.port}", flush=True)
-        for model in served:
-            named = "" if model.config.any_name else f"{model.name}: "
-            print(
-                f"  {named}-> {', '.join(model.config.upstreams)} (tokenizer "
-                f"{model.config.tokenizer.name}, vocab {model.vocabulary.loaded.vocab_size}, "
-                f"map {model.published.header_value})",
-                flush=True,
-            )
+        for line in announcement(settings, served):
+            print(line, flush=True)
         if banner:
             print(banner, flush=True)
 
     run(serve_app(app, settings, reuse_port=settings.workers > 1, announce=announce), settings)
+
+
+def announcement(settings: Settings, served: ServedModels) -> list[str]:
+    """What a serving process prints once it listens: where, and each model's upstreams
+    (without their credentials: the console is a log too), tokenizer and map."""
+    lines = [f"codec-proxy {__version__} on http://{settings.host}:{settings.port}"]
+    for model in served:
+        named = "" if model.config.any_name else f"{model.name}: "
+        lines.append(
+            f"  {named}-> {without_credentials(', '.join(model.config.upstreams))} (tokenizer "
+            f"{model.config.tokenizer.name}, vocab {model.vocabulary.loaded.vocab_size}, "
+            f"map {model.published.header_value})"
+        )
+    return lines
 
 
 def config_example(_: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from proxy.core.errors import ConfigError
+from proxy.core.shown import without_credentials
 from proxy.settings import ModelSettings, Option, Settings
 
 ENV_PREFIX = "CODEC_PROXY_"
@@ -99,9 +100,10 @@ def _describe(kind: Any) -> str:
 
 
 def _got(value: Any, secret: bool) -> str:
-    """How an error names the value it refuses: a secret's only by its kind."""
+    """How an error names the value it refuses: a secret's only by its kind, a URL without
+    its credentials."""
     if not secret:
-        return f"got {value!r}"
+        return f"got {without_credentials(repr(value))}"
     kinds = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
              list: "a list", dict: "a table", type(None): "null"}  # fmt: skip
     return f"got {kinds.get(type(value), 'a value')} (secret: not shown)"
@@ -500,13 +502,13 @@ _MODELS_EXAMPLE = """
 
 
 def describe(settings: Settings) -> str:
-    """The effective settings, one `key = value` per line, secrets redacted."""
+    """The effective settings, one `key = value` per line, secrets and URL credentials redacted."""
     lines = []
     for field in _fields():
         value = getattr(settings, field.name)
         if field.option.secret and value:
             value = "<redacted>"
-        lines.append(f"{field.name} = {value!r}")
+        lines.append(without_credentials(f"{field.name} = {value!r}"))
     return "\n".join(lines)
 
 

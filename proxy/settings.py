@@ -16,6 +16,7 @@ from proxy.core.backend.balancer import DEFAULT_MAX_EJECTION_PERCENT, DEFAULT_PA
 from proxy.core.backend.kind import BackendSetting
 from proxy.core.errors import ConfigError
 from proxy.core.http.upgrade import VersionPolicyMode
+from proxy.core.shown import without_credentials
 from proxy.core.stream.token_source import TokenIdMode
 
 MiB = 1 << 20
@@ -519,7 +520,7 @@ class Settings:
             value = getattr(self, field.name)
             if field.metadata.get("option", Option()).secret and value:
                 value = "<redacted>"
-            parts.append(f"{field.name}={value!r}")
+            parts.append(without_credentials(f"{field.name}={value!r}"))
         return f"Settings({', '.join(parts)})"
 
     def api_keys(self) -> frozenset[str]:

@@ -65,6 +65,8 @@ CHAT: Final = Endpoint(
     CHAT_MESSAGE,
 )
 ENDPOINTS: Final = (COMPLETIONS, CHAT)
+# Path B (codec-spec.md §3.3): a binary `CodecRequest`, answered with completions' frames.
+CODEC_REQUEST_PATH: Final = "/v1/completions/codec"
 
 # Routes of the backends we front (llama.cpp, vLLM, SGLang) that generate text in shapes the
 # safety policy does not read: with a policy loaded they are refused, not relayed unchecked.
@@ -83,7 +85,8 @@ UNPOLICED_GENERATION_PATHS: Final = frozenset(
 def canonical_path(raw_path: str) -> str:
     """A request path as a backend's router is likely to read it: percent-decoded, dot
     segments resolved, repeated and trailing slashes dropped, lowercase. Only used to decide
-    what a path means to the safety policy, never to rewrite what is sent upstream."""
+    what a path means (which generation route, what the safety policy can read), never to
+    rewrite what is sent upstream."""
     path = posixpath.normpath("/" + unquote(raw_path).split("?", 1)[0])
     return "/" + path.strip("/").lower()
 
@@ -92,6 +95,11 @@ def endpoint_for(raw_path: str) -> Endpoint | None:
     """The endpoint a path is an alias of, however it is spelled."""
     path = canonical_path(raw_path)
     return next((endpoint for endpoint in ENDPOINTS if path in endpoint.paths), None)
+
+
+def is_codec_request(raw_path: str) -> bool:
+    """Whether a path is Path B's, however it is spelled."""
+    return canonical_path(raw_path) == CODEC_REQUEST_PATH
 
 
 def generates_unpoliced_text(raw_path: str) -> bool:

@@ -9,7 +9,7 @@ from aiohttp.typedefs import Middleware
 
 from proxy.core.backend.readiness import Readiness
 from proxy.core.compression.dictionaries import ZstdDictionaries
-from proxy.core.endpoints import CHAT, COMPLETIONS
+from proxy.core.endpoints import CHAT, CODEC_REQUEST_PATH, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
 from proxy.server.control import local, model_list, well_known
@@ -49,7 +49,7 @@ def routes() -> list[web.RouteDef]:
             *local.routes(),
             *well_known.routes(),
             *generation,
-            web.post("/v1/completions/codec", completions_codec),
+            web.post(CODEC_REQUEST_PATH, completions_codec),
             # The configured models' names (the backend's own listing for one unnamed model).
             *model_list.routes(),
             # Everything else, any method: transparent pass-through to the upstream.

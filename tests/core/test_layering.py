@@ -4,7 +4,8 @@
        ↖           ↙                     ↖                                    ↙
           backend                           verify
     (http: the upstream body asks each kind of backend in its own field; verify: the published
-    map's decoder and a sampled stream's verdict, which a Codec body keeps)
+    map's decoder and a sampled stream's verdict, which a Codec body keeps; `shown`, how a
+    message shows a value it did not choose, is beside `errors`, below every stage)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
 imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
@@ -25,19 +26,21 @@ ROOT = PACKAGE_DIR.parent
 # Each stage of the core, and the stages below it that it may use.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "errors": frozenset(),
-    "wire": frozenset({"errors"}),
-    "http": frozenset({"errors", "wire", "backend"}),
-    "stream": frozenset({"errors", "wire"}),
-    "maps": frozenset({"errors", "wire", "http", "stream"}),
-    "compression": frozenset({"errors", "wire", "http", "maps"}),
-    "backend": frozenset({"errors"}),
-    "safety": frozenset({"errors", "wire", "stream"}),
-    "guard": frozenset({"errors", "wire", "http", "stream", "safety"}),
-    "verify": frozenset({"errors", "wire", "stream", "maps"}),
+    # How a message shows a value it did not choose: bounded, quoted, credentials redacted.
+    "shown": frozenset(),
+    "wire": frozenset({"errors", "shown"}),
+    "http": frozenset({"errors", "shown", "wire", "backend"}),
+    "stream": frozenset({"errors", "shown", "wire"}),
+    "maps": frozenset({"errors", "shown", "wire", "http", "stream"}),
+    "compression": frozenset({"errors", "shown", "wire", "http", "maps"}),
+    "backend": frozenset({"errors", "shown"}),
+    "safety": frozenset({"errors", "shown", "wire", "stream"}),
+    "guard": frozenset({"errors", "shown", "wire", "http", "stream", "safety"}),
+    "verify": frozenset({"errors", "shown", "wire", "stream", "maps"}),
     "bodies": frozenset(
-        {"errors", "wire", "http", "stream", "compression", "safety", "guard", "verify"}
+        {"errors", "shown", "wire", "http", "stream", "compression", "safety", "guard", "verify"}
     ),
-    "endpoints": frozenset({"errors", "wire", "http", "stream", "safety"}),
+    "endpoints": frozenset({"errors", "shown", "wire", "http", "stream", "safety"}),
 }
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
@@ -664,7 +665,11 @@ async def test_metrics_and_access_log(
     ):
         assert needle in text, needle
     lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
-    codec_line = next(line for line in lines if line["id"] == "req-42")
+    # Each line has the proxy's own id, and the client's beside it when it sent one.
+    codec_line = next(line for line in lines if line["client_request_id"] == "req-42")
+    assert re.fullmatch("[0-9a-f]{32}", str(codec_line["id"]))
+    json_line = next(line for line in lines if line["id"] == generated)
+    assert json_line["client_request_id"] is None
     assert codec_line["mode"] == "codec"
     assert codec_line["stream_format"] == "protobuf"
     assert codec_line["status"] == 200

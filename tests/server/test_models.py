@@ -437,17 +437,93 @@ async def test_other_routes_go_to_the_model_the_body_names_else_the_default(
     await post(proxy, "/tokenize", json={"content": "Hi", "model": "twin"})
     async with proxy.get("/props") as resp:
         await resp.read()
-    # A body the proxy does not read as JSON names no model: the default.
-    await post(proxy, "/v1/embeddings", data=b"model=twin", headers={"Content-Type": "text/plain"})
+    # A request whose body names no model goes where Codec-Model says, as Path B's does.
+    await post(proxy, "/tokenize", json={"content": "Hi"}, headers={"Codec-Model": "t"})
+    async with proxy.get("/props", headers={"Codec-Model": "twin"}) as resp:
+        await resp.read()
+    # The body's own model comes first.
+    await post(proxy, "/tokenize", json={"model": "smol"}, headers={"Codec-Model": "t"})
     # A compressed body names its model all the same, and goes up as it was sent.
     coded = gzip.compress(b'{"model": "t", "input": "Hi"}')
     await post(proxy, "/v1/embeddings", data=coded, headers={"Content-Encoding": "gzip"})
     assert deployment.traffic() == {
-        "smol": ["POST /tokenize", "GET /props", "POST /v1/embeddings"],
-        "twin": ["POST /v1/embeddings", "POST /tokenize", "POST /v1/embeddings"],
+        "smol": ["POST /tokenize", "GET /props", "POST /tokenize"],
+        "twin": [
+            "POST /v1/embeddings",
+            "POST /tokenize",
+            "POST /tokenize",
+            "GET /props",
+            "POST /v1/embeddings",
+        ],
     }
     relayed = deployment.backends["twin"].requests[-1]
     assert (relayed.body, relayed.headers["Content-Encoding"]) == (coded, "gzip")
+
+
+UNREADABLE_BODIES = [
+    pytest.param(b"model=twin", {"Content-Type": "text/plain"}, id="not-json"),
+    pytest.param(b'["t"]', {"Content-Type": "application/json"}, id="not-an-object"),
+    pytest.param(b"\x1f\x8b not gzip", {"Content-Encoding": "gzip"}, id="corrupt-coding"),
+    pytest.param(b'{"model": "t"}', {"Content-Encoding": "compress"}, id="unknown-coding"),
+]
+
+
+@pytest.mark.parametrize(("data", "headers"), UNREADABLE_BODIES)
+async def test_a_body_not_read_for_its_model_needs_codec_model_when_several_are_served(
+    twins: Deploy,
+    deploy: Deploy,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    data: bytes,
+    headers: dict[str, str],
+) -> None:
+    # It may well name a model (a form field, a coding we cannot undo): the default would be
+    # a guess that sends it to another model's backend.
+    deployment = await twins()
+    proxy = deployment.proxy
+    status, _, raw = await post(proxy, "/v1/embeddings", data=data, headers=headers)
+    assert status == 400, raw
+    error = json.loads(raw)["error"]
+    assert (error["code"], error["param"]) == ("model_required", "model")
+    assert "Codec-Model" in error["message"]
+    assert deployment.traffic() == {"smol": [], "twin": []}
+    status, _, _ = await post(
+        proxy, "/v1/embeddings", data=data, headers={**headers, "Codec-Model": "t"}
+    )
+    assert status == 200
+    (relayed,) = deployment.backends["twin"].requests
+    assert relayed.body == data  # as it was sent: not read, not renamed
+    assert {k: relayed.headers[k] for k in headers} == headers
+    # With one model there is nothing to guess: it goes there, as it always did.
+    smol = ModelSettings("smol", PLACEHOLDER, smollm2_gguf)
+    single = await deploy([(smol, smollm2_vocabulary, replaying(SMOL_CAPTURE, "smol"))])
+    assert (await post(single.proxy, "/v1/embeddings", data=data, headers=headers))[0] == 200
+    assert single.traffic() == {"smol": ["POST /v1/embeddings"]}
+
+
+async def test_relayed_bodies_are_renamed_as_generation_bodies_are(twins: Deploy) -> None:
+    deployment = await twins(twin={"upstream_model": "served-twin"})
+    proxy = deployment.proxy
+    raw = json.dumps({"model": "t", "input": ["Hi", "there"], "dimensions": 8}).encode()
+    for path in ("/v1/completions", "/v1/embeddings"):
+        assert (await post(proxy, path, data=raw))[0] == 200
+    generation, relayed = deployment.backends["twin"].requests
+    # The one change a JSON body gets, the same bytes on either kind of route.
+    assert relayed.body == generation.body
+    assert json.loads(relayed.body) == {**json.loads(raw), "model": "served-twin"}
+    coded = gzip.compress(b'{"model": "twin", "tokens": [504, 3575]}')
+    await post(proxy, "/detokenize", data=coded, headers={"Content-Encoding": "gzip"})
+    # Named by Codec-Model only: the body gets the upstream's name, as a generation body that
+    # names no model does.
+    await post(proxy, "/tokenize", json={"prompt": "Hi"}, headers={"Codec-Model": "t"})
+    async with proxy.get("/props", headers={"Codec-Model": "t"}) as resp:
+        await resp.read()
+    detokenize, tokenize, props = deployment.backends["twin"].requests[2:]
+    assert json.loads(detokenize.body) == {"model": "served-twin", "tokens": [504, 3575]}
+    assert "Content-Encoding" not in detokenize.headers  # the decoded body went up
+    assert json.loads(tokenize.body) == {"prompt": "Hi", "model": "served-twin"}
+    assert props.body == b""  # no body, nothing to rename
+    assert deployment.traffic()["smol"] == []
 
 
 # --- each model's map and dictionaries -------------------------------------------------------

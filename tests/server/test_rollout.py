@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import codecai
@@ -14,7 +15,9 @@ import pytest
 
 from proxy.settings import ModelSettings
 from tests.fake_upstream import FakeUpstream
-from tests.server.conftest import MakeProxy
+from tests.server.conftest import MakeProxy, ProxyClient
+from tests.server.policy_support import v04, write_policy
+from tests.server.raw_http import RawResponse, connections, request
 from tests.server.support import frames_of, post
 
 CODEC = {"prompt": "Hi", "max_tokens": 8, "stream_format": "msgpack"}
@@ -145,3 +148,79 @@ async def test_what_codecai_makes_of_the_refusal(make_proxy: MakeProxy) -> None:
         retried = await client.post(url, json=JSON, headers=headers)
     assert retried.status_code == 200
     assert retried.headers["Content-Type"].startswith("text/event-stream")
+
+
+# Spellings the router does not match but a backend's may (llama.cpp also serves /completions;
+# FastAPI redirects a trailing slash): each must meet the switches as its route does, or an
+# upstream that serves Codec itself answers it with frames no switch allowed.
+CHAT_CODEC = {"messages": [{"role": "user", "content": "Hi"}], "stream_format": "msgpack"}
+SPELLINGS = {
+    "completions": (
+        "/v1/completions/",
+        "//v1/completions",
+        "/v1//completions",
+        "/V1/Completions",
+        "/v1/./completions",
+        "/x/../v1/completions",
+        "/v1/%63ompletions",
+        "/completions/",
+    ),
+    "chat": ("/v1/chat/completions/", "//v1/chat/completions", "/V1/CHAT/COMPLETIONS"),
+    "path-b": ("/v1/completions/codec/", "//v1/completions/codec", "/v1/completions/./codec"),
+}
+SPELLED_BODIES = {
+    "completions": (json.dumps(CODEC).encode(), "application/json"),
+    "chat": (json.dumps(CHAT_CODEC).encode(), "application/json"),
+    "path-b": (PATH_B, "application/x-msgpack"),
+}
+SWITCHES = [
+    {"codec_enabled": False},
+    {"codec_allow_keys": ("team-a",)},
+    {"codec_client_header": "X-Client", "codec_deny_clients": ("web/*",)},
+]
+
+
+async def raw_post(proxy: ProxyClient, path: str, kind: str) -> RawResponse:
+    body, content_type = SPELLED_BODIES[kind]
+    headers = {"Content-Type": content_type, "X-Client": "web/1", **v04()}
+    async with connections() as connect:
+        # A raw request: HTTP clients normalize such paths before they send them.
+        connection = await connect(proxy)
+        await connection.send(request("POST", path, body, headers=headers))
+        return await connection.response()
+
+
+@pytest.mark.parametrize("policy", [False, True], ids=["no-policy", "policy"])
+@pytest.mark.parametrize("switch", SWITCHES, ids=["off", "allow-keys", "deny-clients"])
+async def test_every_spelling_of_a_codec_route_meets_the_switches(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    switch: dict[str, Any],
+    policy: bool,
+) -> None:
+    changes = dict(switch)
+    if policy:
+        changes["safety_policy"] = write_policy(tmp_path)
+    proxy = await make_proxy(**changes)
+    for kind, paths in SPELLINGS.items():
+        for path in paths:
+            response = await raw_post(proxy, path, kind)
+            refused(response.status, response.body)
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize("kind", SPELLINGS)
+async def test_a_spelling_allowed_codec_is_served_as_its_route(
+    make_proxy: MakeProxy, upstream: FakeUpstream, kind: str
+) -> None:
+    proxy = await make_proxy()
+    path = SPELLINGS[kind][0]
+    response = await raw_post(proxy, path, kind)
+    assert response.status == 200, response.body
+    assert frames_of(response.body, "msgpack")[-1].done
+    # (Path B asks the upstream's /v1/models for the model's name first.)
+    (sent,) = [r for r in upstream.requests if r.method == "POST"]
+    # Sent as the client wrote it (Path B has no upstream path of its own), as Codec asks.
+    assert sent.path_qs == ("/v1/completions" if kind == "path-b" else path)
+    assert json.loads(sent.body)["stream"] is True

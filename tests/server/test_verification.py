@@ -84,6 +84,17 @@ async def test_streams_that_decode_to_the_text_match(
     )
 
 
+async def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    """The access log's records, once there is one: a stream's is logged when its handler has
+    returned, which may be after its client read the whole body."""
+    for _ in range(150):
+        found = [r.fields for r in caplog.records if hasattr(r, "fields")]
+        if found:
+            return found
+        await asyncio.sleep(0.02)
+    raise AssertionError("no access-log line")
+
+
 async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
     aiohttp_client: AiohttpClient,
     settings: Settings,
@@ -96,14 +107,17 @@ async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
     upstream.script = Script(capture, chunk_size=7)
     bad = with_swapped_map_ids(smollm2_vocabulary, text)
     proxy = await serving(aiohttp_client, settings, bad, verify_sample_rate=1.0)
-    with caplog.at_level(logging.ERROR, logger="codec_proxy"):
-        status, headers, raw = await post(
-            proxy, "/v1/completions", json=CODEC, headers={"X-Request-Id": "req-verify-1"}
-        )
+    caplog.set_level(logging.ERROR, logger="codec_proxy")
+    caplog.set_level(logging.INFO, logger="codec_proxy.access")
+    status, headers, raw = await post(
+        proxy, "/v1/completions", json=CODEC, headers={"X-Request-Id": "req-verify-1"}
+    )
     assert status == 200
     assert frames_of(raw, "msgpack")[-1].done  # the client still got its whole stream
+    [access] = await access_records(caplog)
     [line] = [r.getMessage() for r in caplog.records if "verification mismatch" in r.getMessage()]
-    assert "req-verify-1" in line
+    # The proxy's own id, which its access-log line has, beside the client's (only its claim).
+    assert f"request {access['id']} (X-Request-Id req-verify-1)," in line
     assert "at byte 0" in line  # the swapped IDs are the text's first ones
     # Never the text: no run of three of its words is in the line.
     words = text.split()

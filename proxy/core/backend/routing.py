@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.core.errors import BadRequest, ConfigError, NotFound
+from proxy.core.shown import quoted
 
 # Metric and log values for requests that name no configured model (never the raw name: it is
 # client input, and labels must stay a bounded set).
 NO_MODEL: Final = "none"
 UNKNOWN_MODEL: Final = "unknown"
+# Names the model of a request whose body does not: Path B's `CodecRequest` has no model field
+# (codec-spec.md §3.3), and the proxy reads a relayed body only if it is a JSON object.
+MODEL_HEADER: Final = "Codec-Model"
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,25 @@ class ModelRoutes:
             raise ConfigError("no model is configured")
         return cls(names, default, any_name)
 
-    def route(self, requested: object) -> str:
-        """The model for a request's `model` value (None: it names none)."""
+    @property
+    def several(self) -> bool:
+        return len(set(self.names.values())) > 1
+
+    def route(self, requested: object, *, unread_body: bool = False) -> str:
+        """The model for a request's `model` value (None: it names none).
+
+        `unread_body`: the request has a body the proxy could not read for a model (a relayed
+        body that is not a JSON object). With several models, going to the default would be a
+        guess that sends it to another model's backend: it is refused unless it names one.
+        """
+        if requested is None and unread_body and self.several:
+            raise BadRequest(
+                "several models are served here and this body could not be read for its "
+                "`model` (it is not a JSON object, or its content coding cannot be undone): "
+                f"name the model in the {MODEL_HEADER} request header",
+                code="model_required",
+                param="model",
+            )
         if requested is None or self.any_name:
             return self.default
         if not isinstance(requested, str):
@@ -55,7 +76,7 @@ class ModelRoutes:
         model = self.names.get(requested)
         if model is None:
             raise NotFound(
-                f"The model {requested!r} does not exist (GET /v1/models lists the models "
+                f"The model {quoted(requested)} does not exist (GET /v1/models lists the models "
                 "served here)",
                 code="model_not_found",
                 param="model",

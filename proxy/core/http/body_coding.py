@@ -16,6 +16,7 @@ import zstandard
 
 from proxy.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from proxy.core.http.content_coding import CODING_ALIASES
+from proxy.core.shown import quoted
 
 REQUEST_CODINGS: Final = ("gzip", "br", "zstd")
 
@@ -32,7 +33,7 @@ def request_codings(content_encoding: str | None) -> list[str]:
         coding = CODING_ALIASES.get(coding, coding)
         if coding not in REQUEST_CODINGS:
             raise UnsupportedMediaType(
-                f"request Content-Encoding {item.strip()!r} is not supported; "
+                f"request Content-Encoding {quoted(item.strip())} is not supported; "
                 f"supported: {', '.join(REQUEST_CODINGS)}",
                 code="unsupported_content_encoding",
             )

@@ -30,6 +30,7 @@ from proxy.core.errors import NotAcceptable
 from proxy.core.http import coding_sizes
 from proxy.core.http.negotiation import parse_qvalue
 from proxy.core.http.versioning import ClientVersion, allows_header
+from proxy.core.shown import quoted
 
 ContentCoding = Literal["identity", "gzip", "br", "zstd"]
 
@@ -179,7 +180,7 @@ def negotiate_coding(
     if not acceptable:
         raise NotAcceptable(
             f"none of the content codings we can send ({', '.join(available)}) is acceptable "
-            f"to Accept-Encoding: {accept_encoding!r}",
+            f"to Accept-Encoding: {quoted(accept_encoding)}",
             code="no_acceptable_encoding",
         )
     window = curve.window_ms(flush_interval_ms, flush_frames)

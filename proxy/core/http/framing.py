@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Final
 
+from proxy.core.shown import quoted
+
 
 class Framing(Enum):
     CHUNKED = "chunked"
@@ -92,7 +94,7 @@ def request_head(
     aiohttp writes them, so a value received as UTF-8 goes upstream as the same bytes.
     """
     if not _TOKEN.fullmatch(method.encode("ascii", "replace")):
-        raise HeaderInjection(f"not a method: {method[:32]!r}")
+        raise HeaderInjection(f"not a method: {quoted(method)}")
     line = f"{method} {target} HTTP/1.1\r\n".encode()
     if b" " in line[len(method) + 1 : -11] or _FORBIDDEN_IN_VALUE.search(line[:-2]):
         raise HeaderInjection("the request target holds a space or a line break")
@@ -100,7 +102,7 @@ def request_head(
     for name, value in headers:
         raw_name, raw_value = name.encode("utf-8"), value.encode("utf-8")
         if not _TOKEN.fullmatch(raw_name) or _FORBIDDEN_IN_VALUE.search(raw_value):
-            raise HeaderInjection(f"header {name[:64]!r} cannot be written as it is")
+            raise HeaderInjection(f"header {quoted(name)} cannot be written as it is")
         parts.append(b"%b: %b\r\n" % (raw_name, raw_value))
     if body_length is not None:
         parts.append(b"Content-Length: %d\r\n" % body_length)

@@ -26,6 +26,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.core.errors import BadRequest
+from proxy.core.shown import quoted
 
 # Shorter runs are parsed with the rest: 64 KiB of IDs is about a millisecond of orjson.
 MIN_RUN: Final = 64 * 1024
@@ -81,9 +82,9 @@ class PendingIds:
             try:
                 part = orjson.loads(b"[" + piece + b"]")
             except orjson.JSONDecodeError as exc:
-                raise invalid_json(f"in the array of {self.key!r}: {exc}") from exc
+                raise invalid_json(f"in the array of {quoted(self.key)}: {exc}") from exc
             if not part:  # `[1,,2]` or `[1,]`: an empty slice between two commas
-                raise invalid_json(f"in the array of {self.key!r}: an element is missing")
+                raise invalid_json(f"in the array of {quoted(self.key)}: an element is missing")
             items[filled : filled + len(part)] = part
             filled += len(part)
             if cut == -1:
@@ -193,20 +194,3 @@ def _find_marker(body: dict[str, Any], marker: str) -> tuple[str, list[Any]] | N
             if type(candidate) is list and len(candidate) == 1 and candidate[0] == marker:
                 return key, candidate
     return None
-
-
-# Other routes' bodies are read for their model only up to this size: an embeddings request
-# is small; a larger body goes to the default model rather than cost a parse.
-MODEL_LOOKUP_BYTES: Final = 1 << 20
-
-
-def requested_model(raw: bytes) -> object | None:
-    """The `model` of a JSON object body, for routing a route the proxy does not parse; None
-    when the body is not a small JSON object (it goes to the default model)."""
-    if not raw or len(raw) > MODEL_LOOKUP_BYTES or raw.lstrip()[:1] != b"{":
-        return None
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return value.get("model") if isinstance(value, dict) else None

@@ -34,6 +34,7 @@ import msgpack
 from google.protobuf.message import DecodeError
 
 from proxy.core.errors import BadRequest, UnsupportedMediaType
+from proxy.core.shown import quoted
 from proxy.core.wire import codec_pb2, protowire
 from proxy.core.wire.formats import MSGPACK, check_stream_format
 from proxy.core.wire.prompt_ids import PromptLimits, item_types, outside_vocabulary
@@ -85,7 +86,7 @@ def decode_codec_request(
         fields = _protobuf_fields(body, limits)
     else:
         raise UnsupportedMediaType(
-            f"Content-Type {content_type or '(none)'!r} is not a CodecRequest; "
+            f"Content-Type {quoted(content_type or '(none)')} is not a CodecRequest; "
             f"send {MSGPACK_MEDIA_TYPE} or {PROTOBUF_MEDIA_TYPE}",
             code="unsupported_media_type",
         )

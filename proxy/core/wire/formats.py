@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from proxy.core.errors import BadRequest
+from proxy.core.shown import quoted
 
 JSON: Final = "json"
 MSGPACK: Final = "msgpack"
@@ -38,7 +39,7 @@ def check_stream_format(value: object, *, json_allowed: bool = True) -> str:
     supported = STREAM_FORMATS if json_allowed else BINARY_FORMATS
     if isinstance(value, str) and value in supported:
         return value
-    shown = f"{value!r}" if isinstance(value, str) else f"of type {type(value).__name__}"
+    shown = quoted(value) if isinstance(value, str) else f"of type {type(value).__name__}"
     raise BadRequest(
         f"unsupported stream_format {shown}; supported values: {', '.join(supported)}",
         code="invalid_stream_format",

@@ -36,6 +36,7 @@ from proxy.core.http.negotiation import wants_prefixed_msgpack
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.http.versioning import ClientVersion
 from proxy.core.safety.stream import PolicedIds
+from proxy.core.shown import quoted
 from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.wire.frames import FrameEncoder, encoder_for
@@ -250,7 +251,7 @@ async def _open_upstream(
         detail, _ = await first.read_all(_ERROR_BODY_LIMIT)
     # `auto` promises the text either way: an upstream that rejects the added fields is asked
     # again without them, so their names never reach the client in an error either.
-    log.info("upstream refused the token-ID fields (%d %r); retokenizing", status, detail[:200])
+    log.info("upstream refused the token-ID fields (%d %s); retokenizing", status, quoted(detail))
     async with exchange(False) as second:
         yield second, False
 
@@ -312,7 +313,7 @@ async def _serve(
     if sampled and model_of(request).verification.record(
         body.verification if body.done else None,
         token_source=guard.token_source or RETOKENIZED,
-        request_id=context.record.id,
+        request=context.record.described(),
         settings=config_of(request).settings,
         metrics=app[METRICS],
         now=time.monotonic(),

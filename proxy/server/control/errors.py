@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core.errors import ProxyError, UpgradeRequired
+from proxy.core.shown import clipped, quoted
 from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
@@ -44,13 +45,17 @@ def json_error(
 
 def connection_error(status: int, message: str | None) -> web.Response:
     """What a connection answers when aiohttp itself failed a request (a malformed head, an
-    unhandled exception): the one JSON shape, never a traceback or an exception's text."""
+    unhandled exception): the one JSON shape, never a traceback or an exception's text. A
+    parser's message quotes the bytes it failed on: it is cut like any client value."""
     phrase = HTTPStatus(status).phrase
     if status >= 500:
         code = phrase.lower().replace(" ", "_")
         return json_error(status, phrase, error_type="server_error", code=code)
     return json_error(
-        status, message or phrase, error_type="invalid_request_error", code="malformed_request"
+        status,
+        clipped(message or phrase),
+        error_type="invalid_request_error",
+        code="malformed_request",
     )
 
 
@@ -60,7 +65,7 @@ def method_not_allowed(
     """405 with its `Allow` (RFC 9110 §15.5.6), in the same JSON shape as every other error."""
     response = json_error(
         405,
-        f"{method} is not allowed on {what}",
+        f"{clipped(method)} is not allowed on {what}",
         error_type="invalid_request_error",
         code="method_not_allowed",
     )
@@ -108,7 +113,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except ProxyError as exc:
         # The whole message goes to the log; a client may only see `public_message`.
         level = logging.WARNING if exc.status_hint >= 500 else logging.INFO
-        log.log(level, "%s %s -> %d %s", request.method, request.path, exc.status_hint, exc.message)
+        log.log(level, "%s -> %d %s", _target(request), exc.status_hint, exc.message)
         return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -120,10 +125,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if request.get(RECORD) is not None and request[RECORD].phase == "streaming":
             raise  # the status line is gone: the connection is closed instead
         # A bug: the traceback goes to the log under the request id, never to the client.
-        log.exception("%s %s -> 500 internal error", request.method, request.path)
+        log.exception("%s -> 500 internal error", _target(request))
         return json_error(
             500,
             "the proxy failed to handle this request",
             error_type="server_error",
             code="internal_error",
         )
+
+
+def _target(request: web.Request) -> str:
+    """The request as a log line names it: method and path (the client's, so bounded and
+    quoted), and its ids, which find its access-log line."""
+    record = request.get(RECORD)
+    ids = "" if record is None else f" (request {record.described()})"
+    return f"{clipped(request.method)} {quoted(request.path)}{ids}"

@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core.errors import BadRequest
+from proxy.core.shown import quoted
 
 
 class ExpectationFailed(BadRequest):
@@ -38,7 +39,7 @@ async def expect_middleware(request: web.Request, handler: Handler) -> web.Strea
     if expect is not None and request.version >= (1, 1):
         if expect.strip().lower() != "100-continue":
             raise ExpectationFailed(
-                f"unsupported expectation: {expect!r}", code="expectation_failed"
+                f"unsupported expectation: {quoted(expect)}", code="expectation_failed"
             )
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # an interim response: the response proper starts now

@@ -25,18 +25,21 @@ from typing import Any, Final, TypeVar
 import orjson
 from aiohttp import web
 
+from proxy.core.backend.routing import MODEL_HEADER
 from proxy.core.endpoints import (
     CHAT,
     COMPLETIONS,
     Endpoint,
     endpoint_for,
     generates_unpoliced_text,
+    is_codec_request,
 )
 from proxy.core.errors import Forbidden, ProxyError
 from proxy.core.http.body_coding import decode_body
-from proxy.core.http.json_body import MODEL_LOOKUP_BYTES, requested_model
-from proxy.core.http.request import CompletionRequest, LimitsFor
+from proxy.core.http.json_body import parse_json_object
+from proxy.core.http.request import LimitsFor
 from proxy.core.http.upstream_body import UpstreamRequest
+from proxy.core.shown import quoted
 from proxy.core.wire.codec_request import decode_codec_request
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.server.control.codec import codec_plan, serve_codec
@@ -46,9 +49,6 @@ from proxy.server.control.relay import relay
 from proxy.server.control.request_body import read_request_body
 from proxy.server.models.live import config_of
 from proxy.server.models.served_models import ServedModel, route_request
-
-# Path B's `CodecRequest` has no model field (codec-spec.md §3.3): this header names it.
-MODEL_HEADER = "Codec-Model"
 
 T = TypeVar("T")
 
@@ -91,10 +91,16 @@ async def read_body(request: web.Request) -> tuple[bytes, bytes]:
     raw = await read_request_body(request)
     coding = combined_header(request, "Content-Encoding")
     max_bytes = config_of(request).settings.max_body_bytes
-    # A small compressed body can decode to max_body_bytes: always off the loop.
-    size = len(raw) if coding is None else max(len(raw), _OFF_LOOP_BYTES)
-    decoded = await off_loop(size, lambda: decode_body(raw, coding, max_bytes=max_bytes))
+    decoded = await off_loop(
+        _decoding_work(raw, coding), lambda: decode_body(raw, coding, max_bytes=max_bytes)
+    )
     return raw, decoded
+
+
+def _decoding_work(raw: bytes, coding: str | None) -> int:
+    """How many bytes decoding `raw` handles, for `off_loop`: a small compressed body can
+    decode to max_body_bytes, so it always goes off the loop."""
+    return len(raw) if coding is None else max(len(raw), _OFF_LOOP_BYTES)
 
 
 async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -105,14 +111,13 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     if not parsed.is_codec:
         # JSON is not Codec traffic: never refused for its version. Passed through byte for
         # byte (coding and all) unless a safety policy must read it.
+        renamed = _renamed(parsed.body, model)
         policy = config_of(request).safety_policy(model.name)
         if policy is not None:
-            return await police_json(request, _renamed(body, parsed, model), endpoint, policy)
-        renamed = _renamed(body, parsed, model)
-        if renamed is body:
-            return await relay(request, body=raw)
-        # The decoded body, renamed: its coding no longer applies.
-        return await relay(request, body=renamed, drop=("content-encoding",))
+            return await police_json(
+                request, body if renamed is None else renamed, endpoint, policy
+            )
+        return await _relay_renamed(request, raw, renamed)
     plan = codec_plan(
         request,
         endpoint,
@@ -123,13 +128,23 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     return await serve_codec(request, plan)
 
 
-def _renamed(body: bytes, parsed: CompletionRequest, model: ServedModel) -> bytes:
-    """`body` with `model` as the upstream knows it (`upstream_model`), the one change a
-    JSON request gets on its way; `body` itself when nothing changes."""
+def _renamed(fields: Mapping[str, Any], model: ServedModel) -> bytes | None:
+    """A JSON body's `fields` with `model` as the upstream knows it (`upstream_model`), the one
+    change a JSON body gets on its way, generation route or relayed; None when nothing
+    changes."""
     name = model.config.upstream_model
-    if name is None or parsed.body.get("model") == name:
-        return body
-    return orjson.dumps({**parsed.body, "model": name})
+    if name is None or fields.get("model") == name:
+        return None
+    return orjson.dumps({**fields, "model": name})
+
+
+async def _relay_renamed(
+    request: web.Request, raw: bytes, renamed: bytes | None
+) -> web.StreamResponse:
+    """`raw` as it was sent, or the `renamed` body, decoded: its coding no longer applies."""
+    if renamed is None:
+        return await relay(request, body=raw)
+    return await relay(request, body=renamed, drop=("content-encoding",))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -158,37 +173,57 @@ async def completions_codec(request: web.Request) -> web.StreamResponse:
 
 
 async def other_routes(request: web.Request) -> web.StreamResponse:
-    """Every other path, any method: relayed as it is, to the model the body names (else the
-    default). With a safety policy loaded, a spelling of a generation route the router did not
-    match (`/v1/completions/`, `//completions`) is served as that route, and a generation
-    route the policy cannot read is refused: the backend's router may well accept what ours
-    did not."""
-    if config_of(request).safety_policies and request.method == "POST":
+    """Every other path, any method.
+
+    A spelling of a generation route the router did not match (`/v1/completions/`,
+    `//completions`, `/V1/completions/codec`) is served as that route: the backend's router may
+    well accept what ours did not, and behind a backend that serves Codec itself such a
+    spelling went past the rollout switches. With a safety policy loaded, a generation route
+    the policy cannot read is refused. Everything else is relayed (`_relay_other`).
+    """
+    if request.method == "POST":
+        if is_codec_request(request.raw_path):
+            return await completions_codec(request)
         endpoint = endpoint_for(request.raw_path)
         if endpoint is not None:
             return await _path_a(request, endpoint)
-        if generates_unpoliced_text(request.raw_path):
+        if config_of(request).safety_policies and generates_unpoliced_text(request.raw_path):
             raise Forbidden(
-                f"{request.path} generates text the safety policy cannot check; use "
+                f"{quoted(request.path)} generates text the safety policy cannot check; use "
                 "/v1/completions or /v1/chat/completions",
                 code="route_not_policed",
             )
-    data = await read_request_body(request)
-    route_request(request, _model_named(data, combined_header(request, "Content-Encoding")))
-    return await relay(request, body=data)
+    return await _relay_other(request)
 
 
-def _model_named(data: bytes, coding: str | None) -> object | None:
-    """The `model` a relayed body names, compressed or not (None: none, or not readable).
-
-    A compressed body is decoded for this only, up to the lookup cap: taking it for one that
-    names no model sent an embeddings request for one model to another's backend. It still
-    goes upstream as it was sent; a coding we do not know, a corrupt or a large body goes to
-    the default model, as one we cannot read always did.
+async def _relay_other(request: web.Request) -> web.StreamResponse:
+    """Relayed as it is, to the model its JSON body names, compressed or not, and with that
+    name changed to the model's `upstream_model` as on the generation routes. A body that
+    names no model goes to the one `Codec-Model` names, else to the default; so does one the
+    proxy cannot read for its model (not a JSON object, a coding it cannot undo), except that
+    with several models it is refused unless `Codec-Model` names one (core/backend/routing.py).
     """
-    if coding is None:
-        return requested_model(data)
-    try:
-        return requested_model(decode_body(data, coding, max_bytes=MODEL_LOOKUP_BYTES))
-    except ProxyError:
-        return None
+    raw = await read_request_body(request)
+    fields = await _json_object(request, raw) if raw else None
+    named = None if fields is None else fields.get("model")
+    if named is None:
+        named = request.headers.get(MODEL_HEADER)
+    model = route_request(request, named, unread_body=bool(raw) and fields is None)
+    if fields is None:
+        return await relay(request, body=raw)
+    return await _relay_renamed(request, raw, _renamed(fields, model))
+
+
+async def _json_object(request: web.Request, raw: bytes) -> dict[str, Any] | None:
+    """A relayed body as the JSON object it holds, its content coding undone; None when it is
+    not one, or its coding is one we do not know, corrupt, or decodes past max_body_bytes."""
+    coding = combined_header(request, "Content-Encoding")
+    max_bytes = config_of(request).settings.max_body_bytes
+
+    def parse() -> dict[str, Any] | None:
+        try:
+            return parse_json_object(decode_body(raw, coding, max_bytes=max_bytes))
+        except ProxyError:
+            return None
+
+    return await off_loop(_decoding_work(raw, coding), parse)

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from proxy.core.errors import BadRequest
 from proxy.core.http.headers import end_to_end
+from proxy.core.shown import quoted
 from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
 from proxy.server.telemetry.record import RECORD, REQUEST_ID_HEADER
@@ -51,7 +52,7 @@ def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list
         drop = (*drop, "authorization")
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
-    return [*headers, (REQUEST_ID_HEADER, request[RECORD].id)]
+    return [*headers, (REQUEST_ID_HEADER, request[RECORD].forwarded_id)]
 
 
 def combined_header(request: web.Request, name: str) -> str | None:
@@ -70,5 +71,5 @@ def upstream_response_headers(
         try:
             raw += _as_sent(((name, value),))
         except UnicodeDecodeError:
-            log.warning("dropped upstream response header %r: not UTF-8", name[:64])
+            log.warning("dropped upstream response header %s: not UTF-8", quoted(name))
     return end_to_end(raw, drop=drop)

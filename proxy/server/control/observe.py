@@ -1,8 +1,9 @@
 """The access log and the request counters: one line and one count per request.
 
-The access log is one line per request (JSON by default): id, route, mode, model, stream_format,
-encoding, client version, status, tokens, bytes, time to first byte, duration and outcome
-(the fields of `RequestRecord`, proxy/server/telemetry/record.py).
+The access log is one line per request (JSON by default): ids (the proxy's own and the client's
+`X-Request-Id`), route, mode, model, stream_format, encoding, client version, status, tokens,
+bytes, time to first byte, duration and outcome (the fields of `RequestRecord`,
+proxy/server/telemetry/record.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from aiohttp.typedefs import Handler
 from proxy.core.backend.routing import NO_MODEL
 from proxy.server.data.drain import is_shutdown
 from proxy.server.telemetry.metrics import METRICS
-from proxy.server.telemetry.record import RECORD, RequestRecord, request_id, stream_end
+from proxy.server.telemetry.record import RECORD, RequestRecord, new_record, stream_end
 
 access_log = logging.getLogger("codec_proxy.access")
 
@@ -30,7 +31,7 @@ def _route_name(request: web.Request) -> str:
 
 @web.middleware
 async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    record = RequestRecord(request_id(request), request.method, _route_name(request))
+    record = new_record(request, _route_name(request))
     request[RECORD] = record
     metrics = request.app[METRICS]
     try:

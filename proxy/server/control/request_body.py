@@ -15,6 +15,7 @@ import asyncio
 from aiohttp import web
 
 from proxy.core.errors import BadRequest, ProxyError
+from proxy.core.shown import clipped
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.models.live import config_of
 from proxy.server.telemetry.metrics import METRICS
@@ -46,4 +47,7 @@ async def read_request_body(request: web.Request) -> bytes:
         # A chunked body that breaks its framing: where the next request starts is lost too.
         if isinstance(request.protocol, ProxyProtocol):
             request.protocol.close_after_response()
-        raise BadRequest(f"malformed request body: {exc}", code="malformed_body") from exc
+        # The parser's message quotes the bytes it failed on.
+        raise BadRequest(
+            f"malformed request body: {clipped(str(exc))}", code="malformed_body"
+        ) from exc

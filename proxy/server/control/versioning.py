@@ -25,13 +25,12 @@ from proxy.core.http.versioning import (
     version_label,
     withheld_headers,
 )
+from proxy.core.shown import quoted
 from proxy.server.models.live import config_of
 from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
-# Unparsable header values are client-controlled: log at most this much, escaped by %r.
-_LOGGED_VALUE_CHARS = 40
 # Client addresses remembered for "log once"; the oldest are forgotten beyond this, so a scan
 # from many addresses costs bounded memory (and at worst repeats a log line).
 _REMEMBERED_ADDRESSES = 4096
@@ -68,9 +67,9 @@ def _parsed_client_version(request: web.Request) -> ParsedClientVersion:
     address = request.remote or "unknown"
     if parsed.unparsable and request.app[VERSION_NOTICES].first_time("unparsable", address):
         log.warning(
-            "unparsable %s %r from %s: treated as %s (logged once per address)",
+            "unparsable %s %s from %s: treated as %s (logged once per address)",
             CLIENT_VERSION_HEADER,
-            (header or "")[:_LOGGED_VALUE_CHARS],
+            quoted(header or ""),
             address,
             parsed.version,
         )

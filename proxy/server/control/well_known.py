@@ -45,6 +45,7 @@ from proxy.core.maps.discovery import (
 )
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.safety.policy import WELL_KNOWN_POLICIES
+from proxy.core.shown import quoted
 from proxy.server.control.errors import json_error, method_not_allowed
 from proxy.server.control.headers import combined_header
 from proxy.server.models.live import config_of
@@ -97,7 +98,7 @@ PUBLIC_ORIGIN = web.AppKey("public_origin", str)
 def _not_found(request: web.Request) -> web.Response:
     response = json_error(
         404,
-        f"no Codec document at {request.raw_path.partition('?')[0]}",
+        f"no Codec document at {quoted(request.raw_path.partition('?')[0])}",
         error_type="not_found_error",
         code="not_found",
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
+from proxy.core.shown import without_credentials
 from proxy.server.data.upstream_protocol import (
     ConnectFailed,
     ConnectTimedOut,
@@ -50,7 +51,9 @@ class Origin:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise ValueError(f"not an http:// or https:// URL with a host: {url!r}")
+            raise ValueError(
+                f"not an http:// or https:// URL with a host: {without_credentials(repr(url))}"
+            )
         port = parts.port or _DEFAULT_PORTS[scheme]
         host = parts.hostname
         shown = f"[{host}]" if ":" in host else host

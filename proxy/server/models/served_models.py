@@ -132,10 +132,10 @@ class ServedModels:
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self.models.values())
 
-    def route(self, requested: object) -> ServedModel:
+    def route(self, requested: object, *, unread_body: bool = False) -> ServedModel:
         """The model for a request's `model` value; 404 `model_not_found` for a name none
-        answers to, before any upstream contact."""
-        return self.models[self.routes.route(requested)]
+        answers to, before any upstream contact (`unread_body`: see `ModelRoutes.route`)."""
+        return self.models[self.routes.route(requested, unread_body=unread_body)]
 
     @property
     def listed_names(self) -> tuple[str, ...] | None:
@@ -213,13 +213,15 @@ SERVED_MODELS = web.AppKey("served_models", ServedModels)
 MODEL = web.RequestKey("model", ServedModel)
 
 
-def route_request(request: web.Request, requested: object) -> ServedModel:
+def route_request(
+    request: web.Request, requested: object, *, unread_body: bool = False
+) -> ServedModel:
     """Route `request` by the model it names (None: none), once; later calls keep the first."""
     if MODEL in request:
         return request[MODEL]
     record = request.get(RECORD)
     try:
-        model = request.app[SERVED_MODELS].route(requested)
+        model = request.app[SERVED_MODELS].route(requested, unread_body=unread_body)
     except BadRequest:
         if record is not None:
             record.model = UNKNOWN_MODEL  # never the name the client sent: labels stay bounded

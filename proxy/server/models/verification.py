@@ -6,7 +6,8 @@ text the upstream streamed. The tokenizer object that produced the IDs would agr
 construction; the map is what a client trusts, so it is what is checked.
 
 A mismatch is counted (`codec_proxy_verify_mismatches_total{model, token_source}`) and logged
-with the request id and the first differing byte offset, never the text. With
+with the request's ids (the proxy's own, and the client's `X-Request-Id` when it sent one) and
+the first differing byte offset, never the text. With
 `verify_refuse_after` set, that many mismatches within `verify_window` refuse Codec for the
 model until a reload or a clean drift check. Only Codec: the refusal's readiness check stays
 ready, because what any client's requests can bring about must not take the pod out of a
@@ -88,13 +89,15 @@ class ModelVerification:
         verdict: Verification | None,
         *,
         token_source: str,
-        request_id: str,
+        request: str,
         settings: Settings,
         metrics: Metrics,
         now: float,
     ) -> bool:
         """Account one sampled stream's verdict (None: skipped); True when it made the model
-        refuse Codec (the caller republishes the gauges)."""
+        refuse Codec (the caller republishes the gauges). `request` names the stream's request
+        by its ids (`RequestRecord.described`): the proxy's own, and the client's, which is
+        only the client's word and may be another client's too."""
         model = self._model
         if verdict is None:
             metrics.verify_streams.labels(model, "skipped").inc()
@@ -104,11 +107,11 @@ class ModelVerification:
             return False
         metrics.verify_streams.labels(model, "mismatch").inc()
         metrics.verify_mismatches.labels(model, token_source).inc()
-        # The offset and the request id find the stream in the logs; the text never is logged.
+        # The offset and the request ids find the stream in the logs; the text never is logged.
         log.error(
             "verification mismatch: request %s, model %s, token source %s: the IDs sent, decoded "
             "with map %s, differ from the upstream's text at byte %s (%d bytes agreed)",
-            request_id,
+            request,
             model,
             token_source,
             self._published.header_value,

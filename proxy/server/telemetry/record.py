@@ -1,7 +1,9 @@
 """One record per request: what it did, filled in as it goes, logged and counted once.
 
-`X-Request-Id` is taken from the client when it sends one (so a trace crosses the proxy) or
-made up, then forwarded upstream and echoed back.
+Every request gets an id of the proxy's own (`id`), unique whatever clients send. A client's
+`X-Request-Id` is kept beside it (`client_request_id`) and is what is forwarded upstream and
+echoed back, so a trace crosses the proxy; without one, the proxy's own goes instead. Log lines
+name both: a client's id is only its claim, and another client may send the same.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 class RequestRecord:
     """What one request did. Handlers fill in what they know; the middleware logs it."""
 
-    id: str
+    id: str  # the proxy's own
     method: str
     route: str
+    # The client's `X-Request-Id`, when it sent one fit for logs and headers.
+    client_request_id: str | None = None
     started: float = field(default_factory=time.monotonic)
     mode: str = "local"  # codec | passthrough | local (answered by the proxy itself)
     stream_format: str | None = None
@@ -48,6 +52,17 @@ class RequestRecord:
     # hanging up while we read the rest of the upstream's body) does not undo that.
     completed: bool = False
 
+    @property
+    def forwarded_id(self) -> str:
+        """The id sent upstream and echoed back: the client's, else the proxy's own."""
+        return self.client_request_id or self.id
+
+    def described(self) -> str:
+        """Both ids, for a log line: `<own>` or `<own> (X-Request-Id <client's>)`."""
+        if self.client_request_id is None:
+            return self.id
+        return f"{self.id} ({REQUEST_ID_HEADER} {self.client_request_id})"
+
     def log_fields(self) -> dict[str, object]:
         # Every field is a plain value: a shallow copy (asdict's deep one cost a fifth of a
         # streamed request's own CPU).
@@ -66,9 +81,13 @@ class RequestRecord:
 RECORD = web.RequestKey("record", RequestRecord)
 
 
-def request_id(request: web.Request) -> str:
+def new_record(request: web.Request, route: str) -> RequestRecord:
+    """The record of a request just arrived: a fresh id, and the client's if it is usable."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    return given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    client_request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else None
+    return RequestRecord(
+        uuid.uuid4().hex, request.method, route, client_request_id=client_request_id
+    )
 
 
 def stream_end(record: RequestRecord) -> str | None:
@@ -89,4 +108,4 @@ async def echo_request_id(request: web.Request, response: web.StreamResponse) ->
     """`on_response_prepare`: every response, streamed or not, carries its request id."""
     record = request.get(RECORD)
     if record is not None:
-        response.headers[REQUEST_ID_HEADER] = record.id
+        response.headers[REQUEST_ID_HEADER] = record.forwarded_id

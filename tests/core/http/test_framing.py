@@ -102,3 +102,18 @@ def test_a_head_that_would_break_the_message_is_refused(
 ) -> None:
     with pytest.raises(HeaderInjection):
         request_head(method, target, [("Host", "h"), *headers], body_length=0)
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [("G\nET" * 2000, []), ("POST", [("X-" + "n" * 8000 + "\n", "v")])],
+    ids=["method", "header-name"],
+)
+def test_a_refused_head_names_what_it_refuses_bounded(
+    method: str, headers: list[tuple[str, str]]
+) -> None:
+    with pytest.raises(HeaderInjection) as refused:
+        request_head(method, "/", [("Host", "h"), *headers], body_length=0)
+    message = str(refused.value)
+    assert len(message) < 200
+    assert "\n" not in message
