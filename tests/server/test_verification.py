@@ -7,39 +7,57 @@ import asyncio
 import json
 import logging
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from proxy.core.backend.drift import DriftState
 from proxy.server import create_app
-from proxy.server.models.verification import _DECODERS
+from proxy.server.models.verification import _BUILDING, _DECODERS
 from proxy.server.process.reload import reload_config
 from proxy.settings import Settings
+from proxy.tokenizers import LoadedTokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
+    AiohttpServer,
     ProxyClient,
     ProxyTestServer,
     app_of,
     default_model,
 )
 from tests.server.support import frames_of, post, with_swapped_map_ids
+from tests.server.test_drift import TokenizingBackend
 
 CAPTURE = "llamacpp-completions-sample.txt"
 CODEC = {"prompt": "Hi", "max_tokens": 32, "stream_format": "msgpack"}
+# 80 ms for SmolLM2's map alone; far more only on a machine too loaded to run the tests.
+DECODER_BUILD_SECONDS = 10
 
 
 async def serving(
     aiohttp_client: AiohttpClient, settings: Settings, vocabulary: Vocabulary, **changes: Any
 ) -> ProxyClient:
-    app = create_app(replace(settings, **changes), vocabulary)
+    """A proxy with `changes`; when it samples streams, once the map's decoder is built (off
+    the loop, at start) so that its first streams are verified rather than skipped."""
+    settings = replace(settings, **changes)
+    app = create_app(settings, vocabulary)
     proxy = await aiohttp_client(ProxyTestServer(app))
+    if settings.verify_sample_rate == 0:
+        return proxy  # nothing is sampled, so nothing is built
     digest = default_model(proxy).published.digest
-    for _ in range(500):  # the decoder is built off the loop at start
-        if digest in _DECODERS:
-            break
-        await asyncio.sleep(0.01)
+    if digest in _DECODERS:
+        return proxy  # built for an earlier app
+    building = _BUILDING.get(digest)
+    assert building is not None, "sampling, yet no map decoder is being built"
+    try:
+        # Shielded: a timeout here must not cancel the build that other apps share.
+        await asyncio.wait_for(asyncio.shield(building), DECODER_BUILD_SECONDS)
+    except TimeoutError:
+        pytest.fail(f"the map decoder was not built within {DECODER_BUILD_SECONDS} s of start")
+    assert digest in _DECODERS
     return proxy
 
 
@@ -99,7 +117,34 @@ async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
     assert headers["Codec-Tokenizer-Map"].split()[1] in line
 
 
-async def test_refused_after_n_mismatches_until_a_clean_drift_check(
+async def refused_after_two_mismatches(proxy: ProxyClient) -> None:
+    """Two mismatching streams, and Codec is refused for the model; JSON keeps flowing."""
+    for _ in range(2):
+        assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+    assert await codec_refusal(proxy) == "verification_mismatch"
+    json_status, _, _ = await post(proxy, "/v1/completions", json={"prompt": "Hi", "stream": True})
+    assert json_status == 200
+    async with proxy.get("/readyz") as resp:
+        report = await resp.json()
+    assert resp.status == 503
+    assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
+        report["reasons"]
+    )
+    assert 'codec_proxy_codec_available{model="default"} 0.0' in await metrics(proxy)
+
+
+async def codec_refusal(proxy: ProxyClient) -> str | None:
+    """The error code a Codec request is refused with; None when it is served."""
+    status, _, raw = await post(proxy, "/v1/completions", json=CODEC)
+    if status == 200:
+        frames_of(raw, "msgpack")
+        return None
+    assert status == 503, raw
+    code: str = json.loads(raw)["error"]["code"]
+    return code
+
+
+async def test_refused_after_n_mismatches_until_a_reload(
     aiohttp_client: AiohttpClient,
     settings: Settings,
     smollm2_vocabulary: Vocabulary,
@@ -111,26 +156,49 @@ async def test_refused_after_n_mismatches_until_a_clean_drift_check(
     proxy = await serving(
         aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
     )
-    for _ in range(2):
-        assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
-    status, _, raw = await post(proxy, "/v1/completions", json=CODEC)
-    assert status == 503
-    assert b"verification_mismatch" in raw
-    # JSON keeps flowing, and /readyz says why.
-    json_status, _, _ = await post(proxy, "/v1/completions", json={"prompt": "Hi", "stream": True})
-    assert json_status == 200
-    async with proxy.get("/readyz") as resp:
-        report = await resp.json()
-    assert resp.status == 503
-    assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
-        report["reasons"]
-    )
-    assert 'codec_proxy_codec_available{model="default"} 0.0' in await metrics(proxy)
-    # A reload lifts the refusal (so does a drift check that matches: served_models.py).
+    await refused_after_two_mismatches(proxy)
     result = await reload_config(app_of(proxy))
     assert result.ok
-    assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+    assert await codec_refusal(proxy) is None
     assert 'codec_proxy_codec_available{model="default"} 1.0' in await metrics(proxy)
+
+
+async def test_refused_after_n_mismatches_until_a_clean_drift_check(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_tokenizer: LoadedTokenizer,
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    # A backend whose /tokenize is SmolLM2's, and which streams the sample capture: the drift
+    # check matches, while the published map disagrees with the IDs.
+    backend = TokenizingBackend(smollm2_tokenizer)
+    server = await aiohttp_server(backend.app())
+    settings = Settings(
+        upstream=(str(server.make_url("")).rstrip("/"),),
+        tokenizer=smollm2_gguf,
+        drift_check=True,
+        drift_check_interval=3600,  # only the checks this test runs
+    )
+    bad = with_swapped_map_ids(smollm2_vocabulary, load_capture(CAPTURE).stream_text())
+    proxy = await serving(
+        aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
+    )
+    monitor = default_model(proxy).drift
+    assert monitor is not None
+    assert monitor.verdict.state is DriftState.MATCHED  # the check at start
+    await refused_after_two_mismatches(proxy)
+    # A check that cannot conclude is not a clean one: the refusal stays.
+    backend.failing = True
+    assert not await monitor.check()
+    assert await codec_refusal(proxy) == "verification_mismatch"
+    backend.failing = False
+    assert await monitor.check()
+    assert monitor.verdict.state is DriftState.MATCHED
+    assert await codec_refusal(proxy) is None
+    assert 'codec_proxy_codec_available{model="default"} 1.0' in await metrics(proxy)
+    # The mismatches before the check no longer count: one more refuses nothing yet.
+    assert await codec_refusal(proxy) is None
 
 
 async def test_rate_zero_verifies_nothing(
