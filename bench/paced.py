@@ -76,7 +76,7 @@ import urllib.parse
 import urllib.request
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,17 +135,24 @@ class Scenario:
     token_source: str | None = None  # the Codec-Token-Source header expected
     # The proxy's verify_sample_rate: the share of streams checked against the published map.
     verify: float = 0.0
+    # The proxy's event_loop: its default (uvloop where installed), or asyncio's own.
+    event_loop: Literal["auto", "asyncio"] = "auto"
 
 
+_PROXY_SCENARIOS = (
+    Scenario("passthrough", "proxy", None),
+    Scenario("backend-ids", "proxy", "msgpack", token_source="backend"),
+    Scenario("retokenized", "proxy-retokenize", "msgpack", token_source="retokenized"),
+    Scenario("gzip", "proxy", "msgpack", "gzip", token_source="backend"),
+)
 SCENARIOS = {
     s.key: s
     for s in (
         Scenario("direct", "none", None),
         Scenario("nginx", "nginx", None),
-        Scenario("passthrough", "proxy", None),
-        Scenario("backend-ids", "proxy", "msgpack", token_source="backend"),
-        Scenario("retokenized", "proxy-retokenize", "msgpack", token_source="retokenized"),
-        Scenario("gzip", "proxy", "msgpack", "gzip", token_source="backend"),
+        *_PROXY_SCENARIOS,
+        # The same on asyncio's own event loop, to show what uvloop is worth.
+        *(replace(s, key=f"{s.key}-asyncio", event_loop="asyncio") for s in _PROXY_SCENARIOS),
         # The cost of continuous verification (docs/ROLLOUT.md): the default share, and all.
         Scenario("verify-1pct", "proxy", "msgpack", token_source="backend", verify=0.01),
         Scenario("verify-all", "proxy", "msgpack", token_source="backend", verify=1.0),
@@ -274,7 +281,7 @@ def start_nginx(binary: str, upstream_port: int, level: int) -> tuple[Child, int
 
 
 def start_proxy(
-    upstream_port: int, gguf: Path, token_ids: str, verify: float = 0.0
+    upstream_port: int, gguf: Path, token_ids: str, verify: float = 0.0, event_loop: str = "auto"
 ) -> tuple[Child, int]:
     port = free_port()
     args = [
@@ -287,6 +294,7 @@ def start_proxy(
         "--drift-check", "off",
         "--health-interval", "3600",
         "--verify-sample-rate", str(verify),
+        "--event-loop", event_loop,
     ]  # fmt: skip
     child = spawn("proxy", args, bench_cache_dir() / f"paced-proxy-{token_ids}.log")
     wait_http_ok(child, f"http://127.0.0.1:{port}/readyz", timeout=120)
@@ -684,7 +692,9 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
         relay, port = start_nginx(setup.nginx, setup.upstream_port, level)
     elif scenario.relay in ("proxy", "proxy-retokenize"):
         mode = "retokenize" if scenario.relay == "proxy-retokenize" else "auto"
-        relay, port = start_proxy(setup.upstream_port, setup.gguf, mode, scenario.verify)
+        relay, port = start_proxy(
+            setup.upstream_port, setup.gguf, mode, scenario.verify, scenario.event_loop
+        )
     else:
         port = setup.upstream_port
     timeout = 60 + 3 * args.tokens * args.pace_ms / 1000 + args.ramp_ms / 1000

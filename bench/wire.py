@@ -64,6 +64,7 @@ from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame, encoder_for
 from proxy.embedded import EmbeddedBackend, free_port
 from proxy.server import create_app
+from proxy.server.process.runner import ProxyRunner
 from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -519,7 +520,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     runner: web.AppRunner | None = None
     try:
         settings = Settings(upstream=(backend.url,), tokenizer=gguf, port=free_port())
-        runner = web.AppRunner(
+        runner = ProxyRunner(
             create_app(settings, vocabulary), handler_cancellation=True, access_log=None
         )
         await runner.setup()

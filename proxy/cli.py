@@ -16,12 +16,13 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from proxy import __version__, config, hangups, logs, pidfile
 from proxy.config import ConfigSource
@@ -55,8 +56,29 @@ def _map_arguments(maps: argparse.ArgumentParser) -> None:
     verify.add_argument("--tokenizer", type=Path, help="the tokenizer the map should describe")
 
 
+# A word argparse did not know that is shown in its error: a flag's name, never its value.
+_FLAG_NAME = re.compile(r"--?[a-z][a-z0-9_-]*")
+_AMBIGUOUS = re.compile(r"(ambiguous option: [^=\s]*)=\S*( could match )")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors name the flags they do not know but never the words after them:
+    `--api-keys sk-...` or `--api=sk-...` would print the key."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            words = unknown.split()
+            flags = [name for w in words if _FLAG_NAME.fullmatch(name := w.partition("=")[0])]
+            message = "unrecognized arguments: " + " ".join(flags)
+            if hidden := len(words) - len(flags):
+                and_ = " and " if flags else ""
+                message += f"{and_}{hidden} word(s) not shown (a key may be among them)"
+        super().error(_AMBIGUOUS.sub(r"\1\2", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="codec-proxy",
         description="Serve Codec token-ID streams in front of an OpenAI JSON-SSE backend.",
     )
@@ -136,13 +158,23 @@ def load_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 def _settings_of(source: ConfigSource) -> Settings:
     try:
-        return source.load()
+        return _checked(source.load())
     except ConfigError as exc:
         raise SystemExit(f"codec-proxy: {exc.message}") from exc
 
 
+def _checked(settings: Settings) -> Settings:
+    """`settings`, once the key file they name gives keys (`ConfigError` otherwise). At start
+    this comes before the tokenizers and the workers: a worker that failed on it would only be
+    restarted, again and again."""
+    settings.api_keys()
+    return settings
+
+
 def run_proxy(settings: Settings, *, source: ConfigSource | None = None, banner: str = "") -> None:
-    # Before the pid file says where we are: a reload signalled while starting is kept.
+    # Held since the command's first line (proxy/__main__.py); here too for a caller of `main`
+    # itself, and before the pid file says where we are: a reload signalled while starting is
+    # kept.
     hangups.defer()
     logs.configure(settings.log_format, settings.log_level)
     with pidfile.written(settings.pid_file):
@@ -175,6 +207,7 @@ def run_worker(
     from proxy.server import create_app
     from proxy.server.models.served_models import SERVED_MODELS
     from proxy.server.process.reload import CONFIG_SOURCE
+    from proxy.server.process.runner import run
     from proxy.server.process.runner import serve as serve_app
     from proxy.tokenizers import TokenizerLoadError
 
@@ -209,7 +242,7 @@ def run_worker(
         if banner:
             print(banner, flush=True)
 
-    asyncio.run(serve_app(app, settings, reuse_port=settings.workers > 1, announce=announce))
+    run(serve_app(app, settings, reuse_port=settings.workers > 1, announce=announce), settings)
 
 
 def config_example(_: argparse.Namespace) -> int:
@@ -219,7 +252,7 @@ def config_example(_: argparse.Namespace) -> int:
 
 def check_config(args: argparse.Namespace) -> int:
     try:
-        settings = config.load(file=args.file)
+        settings = _checked(config.load(file=args.file))
     except ConfigError as exc:
         print(f"codec-proxy: {exc.message}", file=sys.stderr)
         return 2
@@ -245,7 +278,7 @@ def reload(args: argparse.Namespace) -> int:
     pid_path: Path | None = args.pid_file
     if args.config is not None:
         try:
-            checked = config.load(file=args.config)
+            checked = _checked(config.load(file=args.config))
         except ConfigError as exc:
             print(f"codec-proxy: {exc.message} (nothing signalled)", file=sys.stderr)
             return 2
@@ -351,8 +384,14 @@ def tokenizer_map(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# The commands that serve, and so keep a SIGHUP that came while they started, to reload.
+_SERVING = frozenset({"serve", "embedded"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command not in _SERVING:
+        hangups.release()
     logs.configure("text", "INFO")
     handlers = {
         "serve": serve,

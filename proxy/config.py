@@ -6,7 +6,8 @@ annotations say how a value is parsed and checked, and each field's `Option` met
 the help text, bounds and whether it is a secret. Adding a setting is adding one field.
 
 Every problem stops the process with one line naming the key and what is wrong, e.g.
-`config.toml: 'ttft_timeout' must be >= 0, got -1`.
+`config.toml: 'ttft_timeout' must be >= 0, got -1`. No line shows a secret setting's value, nor
+the text a parser quotes from the file (the line at fault may hold a key).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import tomllib
 import types
 import typing
@@ -96,19 +98,34 @@ def _describe(kind: Any) -> str:
     )
 
 
-def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
-    """Check (from a file) or parse (from text) one value; raise ValueError with the reason."""
+def _got(value: Any, secret: bool) -> str:
+    """How an error names the value it refuses: a secret's only by its kind."""
+    if not secret:
+        return f"got {value!r}"
+    kinds = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "a table", type(None): "null"}  # fmt: skip
+    return f"got {kinds.get(type(value), 'a value')} (secret: not shown)"
+
+
+def _convert(kind: Any, value: Any, *, from_text: bool, secret: bool = False) -> Any:
+    """Check (from a file) or parse (from text) one value; raise ValueError with the reason.
+
+    `secret`: a key setting. One that is present but empty (a variable set to "", a template
+    that rendered nothing) is an error, never "no keys": only the word "none" unsets it.
+    """
     inner = _optional_inner(kind)
     if inner is not None:
         # TOML has no null: the string "none" unsets an optional value in files and flags too.
         if value is None or (isinstance(value, str) and value.strip().lower() in _UNSET):
+            if secret and (value is None or not value.strip()):
+                raise ValueError('is empty (to set none, write "none")')
             return None
-        return _convert(inner, value, from_text=from_text)
+        return _convert(inner, value, from_text=from_text, secret=secret)
     origin = typing.get_origin(kind)
     if origin is Literal:
         choices = typing.get_args(kind)
         if value not in choices:
-            raise ValueError(f"must be {_describe(kind)}, got {value!r}")
+            raise ValueError(f"must be {_describe(kind)}, {_got(value, secret)}")
         return value
     if origin is tuple:
         item = typing.get_args(kind)[0]
@@ -116,23 +133,28 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
             return _models(value, from_text=from_text)
         if from_text:
             items = [part.strip() for part in value.split(",") if part.strip()]
+            if secret and not items:
+                raise ValueError("is set but holds no key (unset it for none)")
         elif isinstance(value, str):
             items = [value]  # one value where a list is expected: a list of one
         elif isinstance(value, list | tuple):
             items = list(value)
         else:
-            raise ValueError(f"must be {_describe(kind)}, got {value!r}")
-        return tuple(_convert(item, v, from_text=from_text) for v in items)
+            raise ValueError(f"must be {_describe(kind)}, {_got(value, secret)}")
+        return tuple(_convert(item, v, from_text=from_text, secret=secret) for v in items)
     if origin is dict:
         value_kind = typing.get_args(kind)[1]
         if from_text:
             pairs = [part.partition("=") for part in value.split(",") if part.strip()]
             if any(not sep for _, sep, _ in pairs):
-                raise ValueError(f"must be name=value pairs, got {value!r}")
+                raise ValueError(f"must be name=value pairs, {_got(value, secret)}")
             value = {k.strip(): v.strip() for k, _, v in pairs}
         if not isinstance(value, dict):
-            raise ValueError(f"must be {_describe(kind)}, got {value!r}")
-        return {str(k): _convert(value_kind, v, from_text=from_text) for k, v in value.items()}
+            raise ValueError(f"must be {_describe(kind)}, {_got(value, secret)}")
+        return {
+            str(k): _convert(value_kind, v, from_text=from_text, secret=secret)
+            for k, v in value.items()
+        }
     if kind is bool:
         # Text (and, in files, the strings "on"/"off" that mirror `--flag off`) or a real bool.
         if isinstance(value, str):
@@ -141,7 +163,7 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
                 return lowered in _TRUE
         elif isinstance(value, bool):
             return value
-        raise ValueError(f"must be true or false (or on/off), got {value!r}")
+        raise ValueError(f"must be true or false (or on/off), {_got(value, secret)}")
     if kind is int:
         if from_text:
             try:
@@ -150,7 +172,7 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
                 pass
         elif isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ValueError(f"must be an integer, got {value!r}")
+        raise ValueError(f"must be an integer, {_got(value, secret)}")
     if kind is float:
         if from_text:
             try:
@@ -159,13 +181,13 @@ def _convert(kind: Any, value: Any, *, from_text: bool) -> Any:
                 pass
         elif isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
-        raise ValueError(f"must be a number, got {value!r}")
+        raise ValueError(f"must be a number, {_got(value, secret)}")
     if kind is Path and isinstance(value, Path):
         return value
     if kind is str or kind is Path:
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and (value.strip() if secret else value):
             return Path(value) if kind is Path else value
-        raise ValueError(f"must be a non-empty string, got {value!r}")
+        raise ValueError(f"must be a non-empty string, {_got(value, secret)}")
     raise ValueError(f"has an unsupported type {kind!r}")  # a programming error in Settings
 
 
@@ -210,20 +232,23 @@ def _check_bounds(field: _Field, value: Any) -> None:
     values = value if isinstance(value, tuple) else (value,)
     for item in values:
         if isinstance(item, int | float) and not isinstance(item, bool):
+            got = "" if option.secret else f", got {item:g}"
             if option.minimum is not None and item < option.minimum:
-                raise ValueError(f"must be >= {option.minimum:g}, got {item:g}")
+                raise ValueError(f"must be >= {option.minimum:g}{got}")
             if option.maximum is not None and item > option.maximum:
-                raise ValueError(f"must be <= {option.maximum:g}, got {item:g}")
+                raise ValueError(f"must be <= {option.maximum:g}{got}")
         if option.url and isinstance(item, str) and not item.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {item!r}")
+            raise ValueError(f"must be an http:// or https:// URL, {_got(item, option.secret)}")
 
 
 def read_file(path: Path) -> dict[str, Any]:
     """A TOML (`.toml`) or YAML (`.yaml`, `.yml`) file as a mapping of keys."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text") from exc
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -234,14 +259,48 @@ def read_file(path: Path) -> dict[str, Any]:
         else:
             raise ConfigError(f"{path}: unknown config format (use .toml, .yaml or .yml)")
     except (tomllib.TOMLDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {_syntax(exc)}") from exc
     except Exception as exc:  # yaml.YAMLError, without importing yaml for TOML users
         if type(exc).__module__.startswith("yaml"):
-            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {_syntax(exc)}") from exc
         raise
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a table of keys")
     return data
+
+
+# A quoted piece of a parser's message: what it quotes from the file.
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'" + r'|"((?:[^"\\]|\\.)*)"')
+# Quoted pieces that cannot hold a key: one character (or its escape), a token kind (`<scalar>`).
+_HARMLESS = re.compile(r"[^\\]|\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|.)|<[a-z ]+>")
+
+
+def _syntax(exc: Exception) -> str:
+    """Where a parser stopped and why, on one line, without the file's text: the line at fault
+    may hold a key, and PyYAML quotes it whole (TOML and YAML messages also quote keys,
+    aliases and tags). Only quoted single characters and token kinds are kept."""
+    mark = getattr(exc, "problem_mark", None)  # PyYAML's MarkedYAMLError
+    problem = getattr(exc, "problem", None)
+    if mark is not None and problem:
+        text = f"{problem} (at line {mark.line + 1}, column {mark.column + 1})"
+    else:
+        text = str(exc)
+
+    def shown(match: re.Match[str]) -> str:
+        quoted = match.group(1) if match.group(1) is not None else match.group(2)
+        return match.group(0) if _HARMLESS.fullmatch(quoted) else "…"
+
+    return _QUOTED.sub(shown, " ".join(text.split()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """Settings, and which of them the sources state rather than leave to their defaults."""
+
+    settings: Settings
+    # Each key the file, a variable or a flag gives; `models[name].key` for a key of a models
+    # entry. A reload widens access only by what is stated (proxy/reloading.py `unstated`).
+    stated: frozenset[str]
 
 
 def load(
@@ -252,20 +311,38 @@ def load(
     require: bool = True,
 ) -> Settings:
     """Merge the three sources over the defaults, validate, and build `Settings`."""
+    return read(file=file, env=env, flags=flags, require=require).settings
+
+
+def read(
+    *,
+    file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    require: bool = True,
+) -> Loaded:
+    """`load`, and the keys the sources state."""
     known = {f.name: f for f in _fields()}
     values: dict[str, Any] = {}
+    stated: set[str] = set()
 
     def put(source: str, name: str, raw: Any, *, from_text: bool) -> None:
         field = known.get(name)
         if field is None:
             raise ConfigError(f"{source}: unknown key {name!r}")
         try:
-            value = _convert(field.kind, raw, from_text=from_text)
+            value = _convert(field.kind, raw, from_text=from_text, secret=field.option.secret)
             _check_bounds(field, value)
         except ValueError as exc:
             label = field.env if source == "environment" else name
             raise ConfigError(f"{source}: {label!r} {exc}") from exc
         values[name] = value
+        stated.add(name)
+        if name == "models":
+            model_keys = [f.name for f in _fields(ModelSettings)]
+            for entry, given in zip(value, raw, strict=True):
+                keys = given.keys() if isinstance(given, dict) else model_keys
+                stated.update(f"models[{entry.name}].{key}" for key in keys)
 
     if file is not None:
         for name, raw in read_file(file).items():
@@ -290,7 +367,7 @@ def load(
                 f"or put {field.name!r} (or a 'models' list) in the config file"
             )
     try:
-        return Settings(**values)
+        return Loaded(Settings(**values), frozenset(stated))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -452,4 +529,8 @@ class ConfigSource:
 
     def load(self) -> Settings:
         """The settings as the sources say now; `ConfigError` naming the key and the problem."""
-        return load(file=self.file, env=self.env, flags=self.flags)
+        return self.read().settings
+
+    def read(self) -> Loaded:
+        """`load`, and which keys the sources state (the file read once)."""
+        return read(file=self.file, env=self.env, flags=self.flags)

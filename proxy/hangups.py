@@ -1,9 +1,11 @@
 """SIGHUP before the proxy serves: remembered, then applied once it does.
 
 SIGHUP's default action ends a process. A `codec-proxy reload` can come while a process is
-still loading its tokenizers (its pid file is written first, so that it can be found), or while
-the supervisor of `--workers N` is starting a worker. Such a signal must neither end the
-process nor be lost: the reload runs as soon as the process serves (proxy/server/process/runner.py).
+still importing, reading its configuration or loading its tokenizers (its pid file is written
+first, so that it can be found), or while the supervisor of `--workers N` is starting a worker.
+Such a signal must neither end the process nor be lost: it is held from the first line of the
+command (proxy/__main__.py), and the reload runs as soon as the process serves
+(proxy/server/process/runner.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ def defer() -> None:
     in the process that started this one (the mask survives exec)."""
     signal.signal(signal.SIGHUP, lambda _signum, _frame: remember())
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+
+
+def release() -> None:
+    """For a command that does not serve: SIGHUP's default action again, and one that came
+    while it started takes effect now."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if take():
+        signal.raise_signal(signal.SIGHUP)
 
 
 def take() -> bool:

@@ -9,12 +9,17 @@ their maps, upstream pools, dictionaries, timeouts baked into connections).
 `merge(running, new)` takes the running settings and copies in only the runtime keys of the
 newly read ones; restart-only keys that differ are named, never applied, so a half-applied
 configuration cannot exist.
+
+`widenings(...)` says what a reload would let through that was refused before (the one list of
+what counts as widening access), and `unstated(...)` which of that comes only from a setting the
+configuration leaves out: a file cut short or emptied must not drop keys, lists and policies as
+if the operator had meant it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -131,3 +136,90 @@ def _merge_models(running: tuple[ModelSettings, ...], new: tuple[ModelSettings, 
     if common != [e.name for e in running if e.name in by_name]:
         restart.append("models (order)")
     return tuple(merged), changed, restart
+
+
+# The settings local API keys come from.
+_KEY_SOURCES: Final[tuple[str, ...]] = ("api_key", "api_key_file")
+
+
+@dataclass(frozen=True)
+class Widening:
+    """One way a reload lets through what was refused before. Never names a key."""
+
+    what: str
+    # The settings it comes from (`models[name].key` for a model's own).
+    settings: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.what} ({' and '.join(self.settings)})"
+
+
+def widenings(
+    running: Settings, running_keys: frozenset[str], new: Settings, new_keys: frozenset[str]
+) -> tuple[Widening, ...]:
+    """What `new` (with the API keys it reads) lets through that `running` refused: keys
+    accepted or no longer needed, Codec for more requests, a policy or a floor gone."""
+    found: list[Widening] = []
+
+    def add(what: str, *settings: str) -> None:
+        found.append(Widening(what, settings))
+
+    if running_keys and not new_keys:
+        sources = [name for name in _KEY_SOURCES if getattr(running, name)]
+        add("every API key removed: no key needed", *sources)
+    elif running_keys and (added := new_keys - running_keys):
+        add(f"{_count(added, 'API key')} added", *[n for n in _KEY_SOURCES if getattr(new, n)])
+    if new_keys and new.forward_authorization and not running.forward_authorization:
+        add("clients' API keys sent upstream", "forward_authorization")
+    if new.codec_enabled and not running.codec_enabled:
+        add("Codec switched on", "codec_enabled")
+    before = {entry.name: entry.codec_enabled for entry in running.models}
+    for entry in new.models:
+        if entry.codec_enabled and not before.get(entry.name, True):
+            add(f"Codec switched on for model {entry.name}", f"models[{entry.name}].codec_enabled")
+    for noun in ("key", "client"):
+        allow, deny = f"codec_allow_{noun}s", f"codec_deny_{noun}s"
+        _allow_list(add, allow, noun, getattr(running, allow), getattr(new, allow))
+        _deny_list(add, deny, noun, getattr(running, deny), getattr(new, deny))
+    header = running.codec_client_header
+    if header is not None and running.codec_deny_clients and new.codec_client_header != header:
+        add("denied clients named by another header", "codec_client_header")
+    if running.safety_policy is not None and new.safety_policy is None:
+        add("safety policy removed", "safety_policy")
+    if running.enforce_safety_policy and not new.enforce_safety_policy:
+        add("safety policy no longer enforced", "enforce_safety_policy")
+    if running.version_policy == "strict" and new.version_policy != "strict":
+        add("version floor no longer enforced", "version_policy")
+    return tuple(found)
+
+
+def unstated(found: Iterable[Widening], stated: Collection[str] | None) -> tuple[Widening, ...]:
+    """The widenings that come from a setting the configuration does not state, which took its
+    default (`stated` as `proxy.config.Loaded` gives it; None: everything is meant)."""
+    if stated is None:
+        return ()
+    return tuple(w for w in found if any(name not in stated for name in w.settings))
+
+
+def _allow_list(
+    add: Callable[..., None], name: str, noun: str, before: tuple[str, ...], after: tuple[str, ...]
+) -> None:
+    if not before:
+        return  # everyone was allowed already
+    if not after:
+        add(f"allow-list emptied: every {noun} gets Codec", name)
+    elif added := set(after) - set(before):
+        add(f"{_count(added, noun)} added to the allow-list", name)
+
+
+def _deny_list(
+    add: Callable[..., None], name: str, noun: str, before: tuple[str, ...], after: tuple[str, ...]
+) -> None:
+    if not after and before:
+        add("deny-list emptied", name)
+    elif removed := set(before) - set(after):
+        add(f"{_count(removed, noun)} removed from the deny-list", name)
+
+
+def _count(items: Collection[str], noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"

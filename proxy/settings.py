@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from proxy.core.backend.balancer import DEFAULT_MAX_EJECTION_PERCENT, DEFAULT_PANIC_THRESHOLD
 from proxy.core.backend.kind import BackendSetting
+from proxy.core.errors import ConfigError
 from proxy.core.http.upgrade import VersionPolicyMode
 from proxy.core.stream.token_source import TokenIdMode
 
@@ -95,6 +96,11 @@ class ModelSettings:
     max_prompt_ids: int | None = option(None, help="overrides `max_prompt_ids`", minimum=1)
     flush_interval_ms: float | None = option(None, help="overrides `flush_interval_ms`", minimum=0)
     flush_frames: int | None = option(None, help="overrides `flush_frames`", minimum=0)
+    max_streams: int | None = option(
+        None,
+        help="its share of `max_streams`, 503 beyond (default: half of it with several models)",
+        minimum=1,
+    )
 
     def __post_init__(self) -> None:
         tokenizer: object = self.tokenizer
@@ -135,6 +141,8 @@ class ModelConfig:
     max_prompt_ids: int | None
     flush_interval_ms: float
     flush_frames: int
+    # Its share of the process's `max_streams` (which still holds for every model together).
+    max_streams: int
     # `upstream`/`tokenizer`: any name a request gives is this model, as before there were
     # several (a `models` list routes by name).
     any_name: bool = False
@@ -188,7 +196,10 @@ class Settings:
         1 * MiB, help="largest single SSE event from the upstream (a bounded parser)", minimum=64
     )
     max_streams: int = option(
-        1024, help="concurrent upstream requests per worker; beyond it 503 + Retry-After", minimum=1
+        1024,
+        help="concurrent upstream requests per worker, all models together; beyond it 503 + "
+        "Retry-After",
+        minimum=1,
     )
 
     # --- timeouts (seconds; 0 disables). No total timeout: long generations are not failures.
@@ -265,7 +276,9 @@ class Settings:
         (), help="local API key clients must send as 'Authorization: Bearer <key>'", secret=True
     )
     api_key_file: Path | None = option(
-        None, help="file with one local API key per line (secret)", secret=True
+        None,
+        help="file with one local API key per line (# comments; no key at all is an error)",
+        secret=True,
     )
     # With local keys, a client's Authorization header carries the proxy's key: by default it
     # stays here, so the backend never learns it (docs/ENDPOINTS.md, "Access, errors ...").
@@ -394,6 +407,9 @@ class Settings:
         None, help="write the process id here, for `codec-proxy reload` (SIGHUP)"
     )
     workers: int = option(1, help="worker processes sharing the port (SO_REUSEPORT)", minimum=1)
+    event_loop: Literal["auto", "uvloop", "asyncio"] = option(
+        "auto", help="the event loop: uvloop when it is installed (auto), or asyncio's own"
+    )
     log_format: Literal["json", "text"] = option("json", help="access and event log format")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = option("INFO", help="log level")
 
@@ -482,9 +498,19 @@ class Settings:
             max_prompt_ids=pick("max_prompt_ids"),
             flush_interval_ms=pick("flush_interval_ms"),
             flush_frames=pick("flush_frames"),
+            max_streams=entry.max_streams or self.model_max_streams(),
             any_name=single,
             is_default=default,
         )
+
+    def model_max_streams(self) -> int:
+        """A model's share of `max_streams` unless its entry says: with several models, half,
+        so that one model whose backend stalls leaves the other half to the rest, and a busy
+        model still has half the process when the others are idle (an even split would idle
+        what they do not use). With one model, all of it."""
+        if len(self.models) < 2:
+            return self.max_streams
+        return -(-self.max_streams // 2)
 
     def __repr__(self) -> str:
         # Secrets never reach a log line through a repr.
@@ -497,10 +523,34 @@ class Settings:
         return f"Settings({', '.join(parts)})"
 
     def api_keys(self) -> frozenset[str]:
-        """Every accepted local API key: the flag/env/file keys and the key file's lines."""
+        """Every accepted local API key: `api_key`'s and the key file's. `ConfigError` when the
+        key file cannot be read or holds no key."""
         keys = set(self.api_key)
         if self.api_key_file is not None:
-            keys.update(
-                line.strip() for line in self.api_key_file.read_text().splitlines() if line.strip()
-            )
+            keys.update(read_key_file(self.api_key_file))
         return frozenset(keys)
+
+
+def read_key_file(path: Path) -> frozenset[str]:
+    """The keys of an `api_key_file`: one per line; blank lines and `# comments` are not keys.
+
+    A file that holds no key is an error, never "no keys": an empty Secret mount, or a file
+    caught half-way through a rotation, would otherwise turn authentication off. Messages never
+    name the path, which the settings treat as secret, nor any of its text.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read 'api_key_file': {exc.strerror or type(exc).__name__}"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("'api_key_file' is not UTF-8 text") from exc
+    lines = (line.strip() for line in text.splitlines())
+    keys = frozenset(line for line in lines if line and not line.startswith("#"))
+    if not keys:
+        raise ConfigError(
+            "'api_key_file' holds no API key (only blank lines or # comments); an empty key "
+            "file never turns authentication off"
+        )
+    return keys

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, settings
 
 from proxy import assets
 from proxy.embedded import EmbeddedBackend
+from proxy.server.models.live import LIVE
+from proxy.server.process.runner import ProxyRunner
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 
@@ -64,3 +69,28 @@ def qwen3_vocabulary() -> Vocabulary:
     """Qwen3's tokenizer.json (another family than SmolLM2: 151k IDs, its own pre-tokenizer),
     for a second model behind one proxy. Built once: it takes about five seconds."""
     return Vocabulary.build(load_tokenizer(assets.QWEN3_TOKENIZER.ensure()))
+
+
+class ProxyTestServer(TestServer):
+    """The app served as `codec-proxy serve` serves it: on the proxy's own connections, whose
+    streams are told at once when their client pauses, resumes or leaves."""
+
+    async def _make_runner(self, **kwargs: Any) -> ProxyRunner:
+        return ProxyRunner(self.app, **kwargs)
+
+
+@pytest.fixture
+def aiohttp_client(
+    aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
+) -> Callable[..., Awaitable[TestClient[web.Request, web.Application]]]:
+    """pytest-aiohttp's, serving a codec-proxy app on the proxy's own connections (as
+    `codec-proxy serve` does) and any other app as it would."""
+
+    async def client(
+        app_or_server: web.Application | TestServer, **kwargs: Any
+    ) -> TestClient[web.Request, web.Application]:
+        if isinstance(app_or_server, web.Application) and LIVE in app_or_server:
+            app_or_server = ProxyTestServer(app_or_server)
+        return await aiohttp_client(app_or_server, **kwargs)
+
+    return client

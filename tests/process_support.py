@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from proxy.embedded import free_port
@@ -17,16 +18,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServeProcess:
-    """`python -m proxy serve --port <free> --log-format text ARGS...`, run from this checkout."""
+    """`python -m proxy serve --port <free> --log-format text ARGS...`, run from this checkout;
+    `env`: variables added to this process's."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: Mapping[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--port", str(self.port),
              "--log-format", "text", *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             # Its own process group: `stop` takes the workers too, which hold the output pipe.
             start_new_session=True,
         )  # fmt: skip
@@ -34,6 +36,9 @@ class ServeProcess:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                out = self.stop()[-3000:]
+                raise AssertionError(f"proxy exited with {self.proc.returncode}:\n{out}")
             try:
                 with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
                     if resp.status == 200:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import build_parser, load_settings
+from proxy.cli import build_parser, check_config, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,3 +122,95 @@ def test_an_unpublishable_map_id_fails_at_start_with_one_line(smollm2_gguf: Path
         "codec-proxy: map id 'Org/../Model' must be lowercase ASCII letters, digits "
         "and . _ / - only"
     ]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_key_file_without_keys_stops_the_start_with_one_line(
+    tmp_path: Path, smollm2_gguf: Path, workers: str
+) -> None:
+    """Before the tokenizers and the workers: with `--workers 2` too, one line and an exit,
+    never a worker restarted again and again, and never a proxy without its keys."""
+    keys = tmp_path / "keys"
+    keys.write_text("# the Secret was mounted empty\n\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:1",
+         "--tokenizer", str(smollm2_gguf), "--api-key-file", str(keys), "--port", "0",
+         "--workers", workers],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "codec-proxy: 'api_key_file' holds no API key (only blank lines or # comments); an "
+        "empty key file never turns authentication off"
+    ]
+    assert result.stdout == ""  # nothing started
+
+
+def test_check_config_reads_the_key_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("")
+    file = tmp_path / "c.toml"
+    file.write_text(f'upstream = "http://x"\ntokenizer = "{tmp_path}"\napi_key_file = "{keys}"\n')
+    args = build_parser().parse_args(["check-config", str(file)])
+    assert check_config(args) == 2
+    assert capsys.readouterr().err.startswith("codec-proxy: 'api_key_file' holds no API key")
+    keys.write_text("k\n")
+    assert check_config(args) == 0
+
+
+SECRET = "sk-live-4b9f8e21"
+# PyYAML quotes the line at fault whole: the key, unless the proxy leaves it out.
+BROKEN_YAML = f'upstream: http://x\ntokenizer: t\napi_key: "{SECRET}\n'
+
+
+def test_check_config_never_prints_a_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text(BROKEN_YAML)
+    assert check_config(build_parser().parse_args(["check-config", str(file)])) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"codec-proxy: {file}: not valid YAML: found unexpected end of stream "
+        "(at line 4, column 1)\n"
+    )
+    file.write_text(f"upstream: http://x\ntokenizer: {tmp_path}\napi_key: [{SECRET}]\n")
+    assert check_config(build_parser().parse_args(["check-config", str(file)])) == 0
+    out = capsys.readouterr().out
+    assert "api_key = '<redacted>'" in out.splitlines()
+    assert SECRET not in out
+
+
+def test_a_config_error_at_start_never_prints_a_secret(tmp_path: Path) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text(BROKEN_YAML)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(file)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"codec-proxy: {file}: not valid YAML: found unexpected end of stream (at line 4, column 1)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--api-keys", SECRET, "--prot=5"], "unrecognized arguments: --api-keys --prot and 1 "
+         "word(s) not shown (a key may be among them)"),
+        ([f"--api_key={SECRET}"], "unrecognized arguments: --api_key"),
+        ([SECRET], "unrecognized arguments: 1 word(s) not shown (a key may be among them)"),
+        ([f"--api={SECRET}"], "ambiguous option: --api could match --api-key, --api-key-file"),
+    ],
+)  # fmt: skip
+def test_a_flag_the_parser_does_not_know_is_named_without_what_follows(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--upstream", "http://x", "--tokenizer", "t", *argv])
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(f"error: {message}")
+    assert SECRET not in err

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from proxy import assets
 from proxy.server import create_app
-from proxy.server.data.pool import HEALTH_CHECK_HEADERS
+from proxy.server.data.upstreams import HEALTH_CHECK_HEADERS
 from proxy.settings import ModelSettings, Settings
 from proxy.tokenizers import LoadedTokenizer
 from proxy.tokenizers.vocabulary import Vocabulary

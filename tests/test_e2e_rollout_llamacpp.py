@@ -23,7 +23,7 @@ from proxy.server.process.reload import reload
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames
-from tests.server.conftest import AiohttpClient, ProxyClient, ProxyTestServer, app_of
+from tests.server.conftest import AiohttpClient, ProxyClient, app_of
 from tests.test_e2e_llamacpp import request_body
 
 pytestmark = pytest.mark.backend
@@ -46,7 +46,7 @@ async def proxy(
         codec_allow_keys=("team-a", "team-b"),
         codec_deny_keys=("team-b",),
     )
-    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
 def origin(proxy: ProxyClient) -> str:

@@ -12,7 +12,7 @@ import pytest
 from proxy.server import create_app
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
-from tests.server.conftest import AiohttpClient, ProxyClient, ProxyTestServer
+from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.server.raw_http import connections, parse
 
 pytestmark = pytest.mark.backend
@@ -29,7 +29,7 @@ async def proxy(
         tokenizer=smollm2_vocabulary.loaded.source,
         request_timeout=TIMEOUT,
     )
-    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
 async def test_a_stalled_body_is_dropped_while_a_normal_request_is_served(

@@ -22,7 +22,7 @@ from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.llama_slots import busy_slots, generation_seconds, idle_long_before_done, wait_idle
 from tests.process_support import ServeProcess
-from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient, ProxyTestServer
+from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
 
 SAMPLE = "llamacpp-completions-sample.txt"
 
@@ -157,7 +157,7 @@ async def real_proxy(
 ) -> ProxyClient:
     settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
     # Served on the proxy's own connections, which tell a half-close from a client that left.
-    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
 # More than a slot's context holds (1024): the request could run until the context is full.

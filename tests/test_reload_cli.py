@@ -168,3 +168,35 @@ def test_a_config_source_reads_the_file_under_its_env_and_flags(tmp_path: Path) 
     source = ConfigSource(config, {"CODEC_PROXY_PORT": "2"}, {"max_streams": 7})
     settings = source.load()
     assert (settings.port, settings.max_streams) == (2, 7)
+
+
+def test_a_key_file_without_keys_is_reported_and_nothing_is_signalled(
+    target: subprocess.Popen[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# rotating\n")
+    config = tmp_path / "codec-proxy.toml"
+    config.write_text(f'upstream = "http://x"\ntokenizer = "t"\napi_key_file = "{keys}"\n')
+    assert run_reload("--pid", str(target.pid), "--config", str(config)) == 2
+    assert capsys.readouterr().err.startswith(
+        "codec-proxy: 'api_key_file' holds no API key (only blank lines or # comments)"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        target.wait(0.3)  # still running: not signalled
+
+
+def test_reload_never_prints_a_secret_of_the_file(
+    target: subprocess.Popen[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "codec-proxy.yaml"
+    config.write_text("upstream: http://x\ntokenizer: t\napi_key: 12345678901234\n")
+    assert run_reload("--pid", str(target.pid), "--config", str(config)) == 2
+    assert capsys.readouterr().err == (
+        f"codec-proxy: {config}: 'api_key' must be a list of a string, got an integer (secret: "
+        "not shown) (nothing signalled)\n"
+    )
+    config.write_text('upstream: http://x\ntokenizer: t\napi_key: ["sk-live-4b9f8e21]\n')
+    assert run_reload("--pid", str(target.pid), "--config", str(config)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"codec-proxy: {config}: not valid YAML: ")
+    assert "sk-live-4b9f8e21" not in err

@@ -122,10 +122,15 @@ class UpgradeRequired(ProxyError):
 
 class ServiceUnavailable(ProxyError):
     """The proxy refuses this kind of request for now, e.g. Codec mode while its tokenizer
-    does not match the backend's (503). `code` names the condition."""
+    does not match the backend's (503). `code` names the condition; `retry_after`, in
+    seconds, says when asking again may be answered otherwise (`Retry-After`)."""
 
     status_hint = 503
     error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, code: str, retry_after: int | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class TokenizerMapError(ProxyError):

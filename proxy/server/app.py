@@ -93,7 +93,7 @@ def create_app(
             "auto_decompress": False,
             # aiohttp closes a connection with no request this long after it opened or after
             # its previous response; a request head begun is timed by
-            # proxy/server/data/connection.py.
+            # proxy/server/data/client_protocol.py.
             "keepalive_timeout": settings.client_keepalive_timeout,
         },
     )
@@ -117,7 +117,7 @@ def create_app(
     install_reloads(app)
     # The per-model gauges say whether Codec is switched on, which a reload may change; a
     # reload also ends a refusal for verification mismatches.
-    app[ON_RELOAD].append(lambda _: served.reset_verification())
+    app[ON_RELOAD].append(lambda _: served.lift_verification())
     app[ON_RELOAD].append(lambda current: served.publish_gauges(metrics, current))
     app.cleanup_ctx.append(
         served_models_context(settings, lambda: served.publish_gauges(metrics, app[LIVE].current))

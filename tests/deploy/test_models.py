@@ -213,6 +213,7 @@ def test_the_chart_writes_each_entry_as_given(helm: Path, tmp_path: Path) -> Non
         "max_prompt_ids": 8192,
         "flush_interval_ms": 5,
         "flush_frames": 4,
+        "max_streams": 64,
     }
     assert set(entry) | {"name", "upstreams", "tokenizer"} == {
         f.name for f in dataclasses.fields(ModelSettings)

@@ -45,7 +45,6 @@ from tests.server.conftest import (
     AiohttpClient,
     AiohttpServer,
     ProxyClient,
-    ProxyTestServer,
     app_of,
 )
 from tests.server.support import with_swapped_map_ids
@@ -76,7 +75,9 @@ METRICS: dict[str, frozenset[str]] = {
         "codec_proxy_upstream_ejections_total": "",
         "codec_proxy_client_disconnects_total": "phase",
         "codec_proxy_timeouts_total": "kind",
-        "codec_proxy_load_shed_total": "",
+        "codec_proxy_load_shed_total": "model budget",
+        "codec_proxy_model_max_streams": "model",
+        "codec_proxy_max_streams": "",
         "codec_proxy_upstream_bytes_total": "mode model",
         "codec_proxy_client_bytes_total": "mode encoding model",
         "codec_proxy_tokens_total": "format model token_source",
@@ -514,7 +515,7 @@ async def fleet(
     async def proxy(vocabulary: Vocabulary, **settings: Any) -> ProxyClient:
         # ProxyTestServer listens on a real 127.0.0.1 port, which Prometheus scrapes.
         app = create_app(Settings(tokenizer=smollm2_gguf, **settings), vocabulary)
-        return await aiohttp_client(ProxyTestServer(app))
+        return await aiohttp_client(app)
 
     good, flaky, corrupted = FakeUpstream(), FakeUpstream(), FakeUpstream()
     text = corrupted.script.capture.stream_text()

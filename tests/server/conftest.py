@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.server import create_app
 from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.served_models import SERVED_MODELS, ServedModel
-from proxy.server.process.runner import ProxyRunner
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream
@@ -24,6 +24,21 @@ AiohttpServer = Callable[..., Awaitable[TestServer]]
 ProxyClient = TestClient[web.Request, web.Application]
 AiohttpClient = Callable[..., Awaitable[ProxyClient]]
 MakeProxy = Callable[..., Awaitable[ProxyClient]]
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Tests marked `uvloop_too` run on uvloop as well (what `codec-proxy serve` runs on by
+    default), every other one on asyncio's own loop only."""
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop
+    }
+    if item.get_closest_marker("uvloop_too") is not None:
+        import uvloop
+
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
 
 
 @pytest.fixture
@@ -44,19 +59,12 @@ def settings(upstream_url: str, smollm2_gguf: Path) -> Settings:
     return Settings(upstream=(upstream_url,), tokenizer=smollm2_gguf, drift_check=False)
 
 
-class ProxyTestServer(TestServer):
-    """The app served as `codec-proxy serve` serves it: on the proxy's own connections."""
-
-    async def _make_runner(self, **kwargs: Any) -> ProxyRunner:
-        return ProxyRunner(self.app, **kwargs)
-
-
 @pytest.fixture
 async def proxy(
     settings: Settings, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
     """A client talking to the proxy, which talks to the fake upstream."""
-    return await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
 @pytest.fixture
@@ -67,7 +75,7 @@ def make_proxy(
 
     async def make(**changes: Any) -> ProxyClient:
         app = create_app(replace(settings, **changes), smollm2_vocabulary)
-        return await aiohttp_client(ProxyTestServer(app))
+        return await aiohttp_client(app)
 
     return make
 

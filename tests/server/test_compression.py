@@ -34,6 +34,9 @@ from tests.compression_support import (
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient, default_model
 
+# What the data plane does with a stream, on both event loops it runs on.
+pytestmark = pytest.mark.uvloop_too
+
 VARY = "Accept-Encoding, Codec-Client-Version"
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from proxy.server.data.connection import HALF_CLOSE_GRACE
+from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient
 from tests.server.raw_http import Connect, RawResponse, parse, request

@@ -16,6 +16,7 @@ import socket
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
@@ -23,10 +24,13 @@ import pytest
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
 from proxy.server.control import generation
-from proxy.server.data.connection import HALF_CLOSE_GRACE
+from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
 from tests.server.policy_support import write_policy
+
+# What the data plane does with a stream, on both event loops it runs on.
+pytestmark = pytest.mark.uvloop_too
 
 SAMPLE = "llamacpp-completions-sample.txt"
 
@@ -609,8 +613,8 @@ async def test_slow_client_is_dropped_and_its_upstream_closed(
         + body
     )
     await writer.drain()
-    transport = writer.transport
-    assert isinstance(transport, asyncio.ReadTransport)
+    # A read transport on either loop (uvloop's are not asyncio.ReadTransport subclasses).
+    transport = cast(asyncio.ReadTransport, writer.transport)
     transport.pause_reading()  # stop reading: the proxy's writes back up
     await wait_for(lambda: upstream.outcomes == ["aborted"], seconds=15.0)
     writer.close()

@@ -42,7 +42,6 @@ from tests.server.conftest import (
     AiohttpClient,
     AiohttpServer,
     ProxyClient,
-    ProxyTestServer,
     app_of,
 )
 from tests.server.support import frames_of
@@ -120,7 +119,7 @@ def deploy(aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient) -> Depl
         settings = Settings(models=tuple(entries), **{"drift_check": False, **changes})
         vocabularies = {entry.name: vocabulary for entry, vocabulary, _ in models}
         app = create_app(settings, vocabularies)
-        return Deployment(await aiohttp_client(ProxyTestServer(app)), backends)
+        return Deployment(await aiohttp_client(app), backends)
 
     return make
 
@@ -742,9 +741,11 @@ async def test_drift_on_one_model_refuses_codec_for_it_only(
     proxy = deployment.proxy
     # Each model's probes went to its own backend, in its own tokenizer's terms.
     assert all(backend.tokenized for backend in backends.values())
-    status, _, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "drifted"})
+    status, headers, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "drifted"})
     assert status == 503
     assert json.loads(raw)["error"]["code"] == "tokenizer_mismatch"
+    # Ask again after the next drift check (drift_check_interval, 300 s), which may lift it.
+    assert 1 <= int(headers["Retry-After"]) <= 300
     for name in ("smol", "qwen"):
         status, headers, _ = await post(proxy, "/v1/completions", json={**CODEC, "model": name})
         assert status == 200
@@ -757,7 +758,12 @@ async def test_drift_on_one_model_refuses_codec_for_it_only(
     status, report = await readyz(proxy)
     assert status == 200  # `drifted` is not required
     models = report["models"]
-    assert models["drifted"]["checks"]["tokenizer"]["reason"] == "tokenizer_mismatch"
+    # Drift is the backend's, never a request's doing: the model is not ready as well.
+    assert models["drifted"]["checks"]["tokenizer"] == {
+        "ready": False,
+        "reason": "tokenizer_mismatch",
+        "refuses_codec": True,
+    }
     assert (models["drifted"]["codec"], models["drifted"]["ready"]) == (False, False)
     for name in ("smol", "qwen"):
         assert models[name]["checks"]["tokenizer"]["reason"] == "tokenizer_matches_backend"
@@ -1028,7 +1034,7 @@ async def test_one_model_by_flags_serves_any_name_and_relays_the_listing(
     server = await aiohttp_server(backend.app())
     url = str(server.make_url("")).rstrip("/")
     settings = Settings(upstream=(url,), tokenizer=smollm2_gguf, model=model, drift_check=False)
-    proxy = await aiohttp_client(ProxyTestServer(create_app(settings, smollm2_vocabulary)))
+    proxy = await aiohttp_client(create_app(settings, smollm2_vocabulary))
     for name in ("anything", "gpt-4o", None):
         payload = {**CODEC, **({} if name is None else {"model": name})}
         assert (await post(proxy, "/v1/completions", json=payload))[0] == 200

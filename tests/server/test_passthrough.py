@@ -13,6 +13,9 @@ from yarl import URL
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import ProxyClient
 
+# What the data plane does with a stream, on both event loops it runs on.
+pytestmark = pytest.mark.uvloop_too
+
 STREAMS = [
     "llamacpp-completions-sample-with-headers.txt",
     "llamacpp-completions-logprobs.txt",

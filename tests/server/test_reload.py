@@ -30,7 +30,7 @@ from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import ModelSettings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import AiohttpClient, MakeProxy, ProxyClient, ProxyTestServer, app_of
+from tests.server.conftest import AiohttpClient, MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import policy_document, v04, write_policy
 from tests.server.support import frames_of, ids_of
 
@@ -134,6 +134,31 @@ async def test_api_keys_added_by_reload_are_enforced_on_the_next_request(
     assert result.reread == ("api_key_file",)
     assert await status_of(proxy, JSON, {"Authorization": "Bearer k2"}) == (401, "invalid_api_key")
     assert await status_of(proxy, JSON, {"Authorization": "Bearer k3"}) == (200, None)
+
+
+@pytest.mark.parametrize("text", ["", "# rotating: new keys follow\n\n"])
+async def test_a_key_file_emptied_is_refused_and_the_keys_stay(
+    proxy: ProxyClient, tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# the key of team a\nk1\n")
+    assert (await reload_with(proxy, api_key_file=keys)).ok
+    keys.write_text(text)  # an empty Secret mount, a rotation caught half-way
+    caplog.clear()
+    result = await reload_config(app_of(proxy))
+    assert not result.ok
+    assert result.error == (
+        "'api_key_file' holds no API key (only blank lines or # comments); an empty key file "
+        "never turns authentication off"
+    )
+    [line] = reload_lines(caplog)
+    assert (line.levelno, line.getMessage()) == (
+        logging.ERROR,
+        f"config reload refused, nothing changed: {result.error}",
+    )
+    assert reloads(proxy, "error") == 1
+    assert await status_of(proxy, JSON) == (401, "invalid_api_key")
+    assert await status_of(proxy, JSON, {"Authorization": "Bearer k1"}) == (200, None)
 
 
 async def test_the_log_level_changes(
@@ -291,7 +316,7 @@ async def file_proxy(
     source = ConfigSource(file=config, env={}, flags={"flush_frames": 5})
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source  # before the app starts, as the CLI does
-    return FileProxy(await aiohttp_client(ProxyTestServer(app)), config, base)
+    return FileProxy(await aiohttp_client(app), config, base)
 
 
 async def test_a_reload_reads_the_file_again_and_flags_still_beat_it(
@@ -361,6 +386,164 @@ async def test_a_broken_reload_changes_nothing(
     assert "\n" not in message
     assert reloads(proxy, "error") == 1
     assert reloads(proxy, "ok") == 0
+
+
+SECRETS = {
+    "a YAML error on the key's line": (
+        'api_key: ["sk-live-4b9f8e21]\n',
+        "not valid YAML: found unexpected end of stream (at line 5, column 1)",
+    ),
+    "a YAML alias named like the key": (
+        "api_key: *sk-live-4b9f8e21\n",
+        "not valid YAML: found undefined alias … (at line 4, column 10)",
+    ),
+    "a key of the wrong type": (
+        "api_key: 12345678901234\n",
+        "'api_key' must be a list of a string, got an integer (secret: not shown)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("broken", "problem"), SECRETS.values(), ids=SECRETS.keys())
+async def test_a_refused_reload_never_logs_a_secret(
+    tmp_path: Path,
+    upstream_url: str,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    aiohttp_client: AiohttpClient,
+    caplog: pytest.LogCaptureFixture,
+    broken: str,
+    problem: str,
+) -> None:
+    config = tmp_path / "codec-proxy.yaml"
+    base = f"upstream: {upstream_url}\ntokenizer: {smollm2_gguf}\ndrift_check: false\n"
+    config.write_text(base + "api_key: [sk-live-4b9f8e21]\n")
+    source = ConfigSource(file=config)
+    app = create_app(source.load(), smollm2_vocabulary)
+    app[CONFIG_SOURCE] = source
+    await aiohttp_client(app)
+    config.write_text(base + broken)
+    result = await reload_config(app)
+    assert result.error == f"{config}: {problem}"
+    [line] = reload_lines(caplog)
+    assert line.getMessage() == f"config reload refused, nothing changed: {result.error}"
+    assert "sk-live-4b9f8e21" not in caplog.text
+    assert "12345678901234" not in caplog.text
+
+
+# --------------------------------------------------------------------------- what widens access
+
+
+@dataclasses.dataclass
+class Guarded:
+    """A proxy whose file holds keys, a deny-list, a policy, and Codec switched off."""
+
+    client: ProxyClient
+    config: Path
+    lines: list[str]  # the file's lines, as first written
+
+    async def reload(self, text: str) -> ReloadResult:
+        self.config.write_text(text)
+        return await reload_config(app_of(self.client))
+
+
+@pytest.fixture
+async def guarded(
+    tmp_path: Path,
+    upstream_url: str,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    aiohttp_client: AiohttpClient,
+) -> Guarded:
+    keys = tmp_path / "keys"
+    keys.write_text("k1\n")
+    lines = [
+        f'api_key_file = "{keys}"',
+        "codec_enabled = false",
+        'codec_deny_keys = ["k2"]',
+        f'safety_policy = "{write_policy(tmp_path)}"',
+        "flush_frames = 7",
+    ]
+    config = tmp_path / "codec-proxy.toml"
+    config.write_text("\n".join(lines) + "\n")
+    # Upstream and tokenizer from flags: an emptied file still loads.
+    flags = {"upstream": upstream_url, "tokenizer": smollm2_gguf, "drift_check": False}
+    source = ConfigSource(file=config, env={}, flags=flags)
+    app = create_app(source.load(), smollm2_vocabulary)
+    app[CONFIG_SOURCE] = source
+    return Guarded(await aiohttp_client(app), config, lines)
+
+
+KEY = {"Authorization": "Bearer k1"}
+
+
+@pytest.mark.parametrize("kept", [3, 1, 0], ids=["cut after 3 lines", "after 1", "emptied"])
+async def test_a_file_cut_short_or_emptied_drops_nothing(
+    guarded: Guarded, caplog: pytest.LogCaptureFixture, kept: int
+) -> None:
+    """Editors and `>` truncate before they write, and watchers signal on each write: a file
+    cut at a line boundary is valid, and must not be taken for a wish to open the proxy."""
+    app = app_of(guarded.client)
+    before = app[LIVE].current
+    caplog.set_level(logging.INFO, "codec_proxy")
+    cut = "".join(line + "\n" for line in guarded.lines[:kept])
+    result = await guarded.reload(cut)
+    assert not result.ok
+    left_out = [
+        "every API key removed: no key needed (api_key_file)",
+        "Codec switched on (codec_enabled)",
+        "deny-list emptied (codec_deny_keys)",
+        "safety policy removed (safety_policy)",
+    ][kept:]
+    assert result.error == (
+        f"settings the configuration leaves out would widen access: {', '.join(left_out)}; "
+        'to mean it, write them (true, [] or "none")'
+    )
+    assert app[LIVE].current is before
+    [line] = reload_lines(caplog)
+    assert (line.levelno, line.getMessage()) == (
+        logging.ERROR,
+        f"config reload refused, nothing changed: {result.error}",
+    )
+    assert reloads(guarded.client, "error") == 1
+    assert await status_of(guarded.client, JSON) == (401, "invalid_api_key")
+    assert await status_of(guarded.client, CODEC, KEY) == (403, "codec_not_enabled")
+
+
+async def test_what_the_file_states_may_widen_access_and_is_logged_as_a_warning(
+    guarded: Guarded, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "codec_proxy")
+    # One list narrowed, the rest explicitly removed: applied, with a warning naming each.
+    result = await guarded.reload(
+        'api_key_file = "none"\ncodec_enabled = true\ncodec_deny_keys = []\n'
+        'safety_policy = "none"\ncodec_allow_keys = ["k3"]\n'
+    )
+    assert result.ok
+    assert result.widened == (
+        "every API key removed: no key needed (api_key_file)",
+        "Codec switched on (codec_enabled)",
+        "deny-list emptied (codec_deny_keys)",
+        "safety policy removed (safety_policy)",
+    )
+    [line] = reload_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert line.getMessage() == (
+        "config reloaded (generation 1): changed api_key_file, safety_policy, flush_frames, "
+        "codec_enabled, codec_allow_keys, codec_deny_keys; widens access: "
+        + ", ".join(result.widened)
+    )
+    assert await status_of(guarded.client, JSON) == (200, None)
+    assert await status_of(guarded.client, CODEC) == (403, "codec_not_enabled")  # not allowed
+    # Narrowing again is an ordinary reload: INFO, nothing widened.
+    caplog.clear()
+    result = await guarded.reload('codec_enabled = false\ncodec_allow_keys = ["k3"]\n')
+    assert result.widened == ()
+    [line] = reload_lines(caplog)
+    assert (line.levelno, line.getMessage()) == (
+        logging.INFO,
+        "config reloaded (generation 2): changed codec_enabled",
+    )
 
 
 async def test_restart_only_keys_are_named_and_kept(

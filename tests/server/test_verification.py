@@ -6,59 +6,58 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from proxy.core.backend.drift import DriftState
 from proxy.server import create_app
-from proxy.server.models.verification import _BUILDING, _DECODERS
+from proxy.server.models.served_models import SERVED_MODELS
+from proxy.server.models.verification import _DECODERS
 from proxy.server.process.reload import reload_config
-from proxy.settings import Settings
-from proxy.tokenizers import LoadedTokenizer
+from proxy.settings import ModelSettings, Settings
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
     AiohttpServer,
     ProxyClient,
-    ProxyTestServer,
     app_of,
-    default_model,
 )
 from tests.server.support import frames_of, post, with_swapped_map_ids
 from tests.server.test_drift import TokenizingBackend
 
 CAPTURE = "llamacpp-completions-sample.txt"
 CODEC = {"prompt": "Hi", "max_tokens": 32, "stream_format": "msgpack"}
-# 80 ms for SmolLM2's map alone; far more only on a machine too loaded to run the tests.
-DECODER_BUILD_SECONDS = 10
+PATH_B_ROUTE = "/v1/completions/codec"
 
 
 async def serving(
-    aiohttp_client: AiohttpClient, settings: Settings, vocabulary: Vocabulary, **changes: Any
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    vocabulary: Vocabulary | Mapping[str, Vocabulary],
+    **changes: Any,
 ) -> ProxyClient:
-    """A proxy with `changes`; when it samples streams, once the map's decoder is built (off
-    the loop, at start) so that its first streams are verified rather than skipped."""
     settings = replace(settings, **changes)
-    app = create_app(settings, vocabulary)
-    proxy = await aiohttp_client(ProxyTestServer(app))
-    if settings.verify_sample_rate == 0:
-        return proxy  # nothing is sampled, so nothing is built
-    digest = default_model(proxy).published.digest
-    if digest in _DECODERS:
-        return proxy  # built for an earlier app
-    building = _BUILDING.get(digest)
-    assert building is not None, "sampling, yet no map decoder is being built"
-    try:
-        # Shielded: a timeout here must not cancel the build that other apps share.
-        await asyncio.wait_for(asyncio.shield(building), DECODER_BUILD_SECONDS)
-    except TimeoutError:
-        pytest.fail(f"the map decoder was not built within {DECODER_BUILD_SECONDS} s of start")
-    assert digest in _DECODERS
+    proxy = await aiohttp_client(create_app(settings, vocabulary))
+    if settings.verify_sample_rate > 0:  # else nothing is sampled, so nothing is built
+        await decoders_built(proxy)
     return proxy
+
+
+async def decoders_built(proxy: ProxyClient) -> None:
+    """Every model's decoder, built off the loop at start (else sampled streams are skipped,
+    and a test about verdicts would test nothing)."""
+    digests = {model.published.digest for model in app_of(proxy)[SERVED_MODELS]}
+    for _ in range(500):
+        if digests <= _DECODERS.keys():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"map decoders not built after 5 s: {sorted(digests - _DECODERS.keys())}")
 
 
 async def metrics(proxy: ProxyClient) -> str:
@@ -117,34 +116,156 @@ async def test_a_map_that_decodes_otherwise_is_counted_and_logged_without_text(
     assert headers["Codec-Tokenizer-Map"].split()[1] in line
 
 
-async def refused_after_two_mismatches(proxy: ProxyClient) -> None:
-    """Two mismatching streams, and Codec is refused for the model; JSON keeps flowing."""
-    for _ in range(2):
-        assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
-    assert await codec_refusal(proxy) == "verification_mismatch"
-    json_status, _, _ = await post(proxy, "/v1/completions", json={"prompt": "Hi", "stream": True})
-    assert json_status == 200
-    async with proxy.get("/readyz") as resp:
-        report = await resp.json()
-    assert resp.status == 503
-    assert {"check": "verification", "reason": "verification_mismatch", "model": "default"} in (
-        report["reasons"]
+PATH_B = {
+    "data": msgpack.packb({"prompt_ids": [504, 3575, 282], "max_tokens": 4}),
+    "headers": {"Content-Type": "application/x-msgpack", "Codec-Model": "bad"},
+}
+
+
+async def refusing_deployment(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+) -> ProxyClient:
+    """Two models on one backend that tokenizes as SmolLM2 (so the drift check matches):
+    `bad`, the default, publishes a map whose IDs decode to other text; `good` a right one.
+    Two mismatches refuse Codec."""
+    backend = TokenizingBackend(smollm2_vocabulary.loaded)
+    server = await aiohttp_server(backend.app())
+    url = (str(server.make_url("")).rstrip("/"),)
+    text = load_capture(CAPTURE).stream_text()
+    settings = Settings(
+        models=(
+            ModelSettings("bad", url, smollm2_gguf, map_id="smol-swapped"),
+            ModelSettings("good", url, smollm2_gguf),
+        ),
+        verify_sample_rate=1.0,
+        verify_refuse_after=2,
     )
-    assert 'codec_proxy_codec_available{model="default"} 0.0' in await metrics(proxy)
+    vocabularies = {
+        "bad": with_swapped_map_ids(smollm2_vocabulary, text),
+        "good": smollm2_vocabulary,
+    }
+    return await serving(aiohttp_client, settings, vocabularies)
 
 
-async def codec_refusal(proxy: ProxyClient) -> str | None:
-    """The error code a Codec request is refused with; None when it is served."""
-    status, _, raw = await post(proxy, "/v1/completions", json=CODEC)
-    if status == 200:
-        frames_of(raw, "msgpack")
-        return None
-    assert status == 503, raw
-    code: str = json.loads(raw)["error"]["code"]
-    return code
+async def codec(proxy: ProxyClient, model: str) -> tuple[int, dict[str, str], bytes]:
+    return await post(proxy, "/v1/completions", json={**CODEC, "model": model})
 
 
-async def test_refused_after_n_mismatches_until_a_reload(
+async def trip(proxy: ProxyClient) -> None:
+    """Two mismatching streams of `bad`: each served whole, the second refusing what follows."""
+    for _ in range(2):
+        status, _, raw = await codec(proxy, "bad")
+        assert status == 200
+        assert frames_of(raw, "msgpack")[-1].done
+    assert (await codec(proxy, "bad"))[0] == 503
+
+
+async def test_a_verification_refusal_refuses_codec_for_its_model_only(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    proxy = await refusing_deployment(
+        aiohttp_client, aiohttp_server, smollm2_gguf, smollm2_vocabulary
+    )
+    json_request = {"model": "bad", "prompt": "Hi", "stream": True}
+    status, _, json_before = await post(proxy, "/v1/completions", json=json_request)
+    assert (status, json_before) == (200, load_capture(CAPTURE).body)
+    await trip(proxy)
+    # Codec for `bad`, Path A and Path B alike: 503, and when to ask again.
+    for status, headers, raw in (
+        await codec(proxy, "bad"),
+        await post(proxy, PATH_B_ROUTE, **PATH_B),
+    ):
+        assert status == 503
+        error = json.loads(raw)["error"]
+        assert (error["code"], error["type"]) == ("verification_mismatch", "service_unavailable")
+        assert "JSON requests are served" in error["message"]
+        # Until the next drift check (drift_check_interval 300 s), which may lift it.
+        assert 1 <= int(headers["Retry-After"]) <= 300
+    # JSON for the refused model, byte for byte as before.
+    status, _, json_after = await post(proxy, "/v1/completions", json=json_request)
+    assert (status, json_after) == (200, json_before)
+    # The other model's Codec is served.
+    status, _, raw = await codec(proxy, "good")
+    assert status == 200
+    assert frames_of(raw, "msgpack")[-1].done
+    # The pod stays ready: the refusal is reported, as not blocking.
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
+        report = await resp.json()
+    assert (report["status"], report["reasons"]) == ("ready", [])
+    bad = report["models"]["bad"]
+    assert (bad["ready"], bad["codec"]) == (True, False)
+    assert bad["checks"]["verification"] == {
+        "ready": True,
+        "reason": "verification_mismatch",
+        "refuses_codec": True,
+    }
+    good = report["models"]["good"]
+    assert (good["ready"], good["codec"]) == (True, True)
+    assert "verification" not in good["checks"]
+    text = await metrics(proxy)
+    for line in (
+        'codec_proxy_codec_available{model="bad"} 0.0',
+        'codec_proxy_model_ready{model="bad"} 1.0',
+        'codec_proxy_codec_available{model="good"} 1.0',
+        'codec_proxy_codec_refused_total{model="bad",reason="verification_mismatch"} 3.0',
+    ):
+        assert line in text
+
+
+@pytest.mark.parametrize("lift", ["reload", "clean drift check"])
+async def test_a_refusal_is_lifted_and_the_window_starts_again_empty(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+    lift: str,
+) -> None:
+    proxy = await refusing_deployment(
+        aiohttp_client, aiohttp_server, smollm2_gguf, smollm2_vocabulary
+    )
+    app = app_of(proxy)
+    bad = app[SERVED_MODELS].models["bad"]
+    await trip(proxy)
+    if lift == "reload":
+        assert (await reload_config(app)).ok
+    else:
+        assert bad.drift is not None
+        assert await bad.drift.check()
+        assert bad.drift.verdict.state is DriftState.MATCHED
+    assert 'codec_proxy_codec_available{model="bad"} 1.0' in await metrics(proxy)
+    async with proxy.get("/readyz") as resp:
+        assert "verification" not in (await resp.json())["models"]["bad"]["checks"]
+    # The mismatches that caused it went with it: one more does not refuse again, two do.
+    await trip(proxy)
+
+
+async def test_a_clean_drift_check_keeps_mismatches_that_have_not_refused(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    smollm2_gguf: Path,
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    """The drift check does not look at the map: a clean one is no reason to forget a
+    mismatch, only to lift a refusal."""
+    proxy = await refusing_deployment(
+        aiohttp_client, aiohttp_server, smollm2_gguf, smollm2_vocabulary
+    )
+    bad = app_of(proxy)[SERVED_MODELS].models["bad"]
+    assert (await codec(proxy, "bad"))[0] == 200
+    assert bad.drift is not None
+    assert await bad.drift.check()
+    assert (await codec(proxy, "bad"))[0] == 200
+    assert (await codec(proxy, "bad"))[0] == 503
+
+
+async def test_without_a_drift_check_a_refusal_says_to_retry_after_its_interval(
     aiohttp_client: AiohttpClient,
     settings: Settings,
     smollm2_vocabulary: Vocabulary,
@@ -154,51 +275,18 @@ async def test_refused_after_n_mismatches_until_a_reload(
     upstream.script = Script(capture, chunk_size=7)
     bad = with_swapped_map_ids(smollm2_vocabulary, capture.stream_text())
     proxy = await serving(
-        aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
+        aiohttp_client,
+        settings,
+        bad,
+        verify_sample_rate=1.0,
+        verify_refuse_after=1,
+        drift_check_interval=120.0,
     )
-    await refused_after_two_mismatches(proxy)
-    result = await reload_config(app_of(proxy))
-    assert result.ok
-    assert await codec_refusal(proxy) is None
-    assert 'codec_proxy_codec_available{model="default"} 1.0' in await metrics(proxy)
-
-
-async def test_refused_after_n_mismatches_until_a_clean_drift_check(
-    aiohttp_client: AiohttpClient,
-    aiohttp_server: AiohttpServer,
-    smollm2_gguf: Path,
-    smollm2_tokenizer: LoadedTokenizer,
-    smollm2_vocabulary: Vocabulary,
-) -> None:
-    # A backend whose /tokenize is SmolLM2's, and which streams the sample capture: the drift
-    # check matches, while the published map disagrees with the IDs.
-    backend = TokenizingBackend(smollm2_tokenizer)
-    server = await aiohttp_server(backend.app())
-    settings = Settings(
-        upstream=(str(server.make_url("")).rstrip("/"),),
-        tokenizer=smollm2_gguf,
-        drift_check=True,
-        drift_check_interval=3600,  # only the checks this test runs
-    )
-    bad = with_swapped_map_ids(smollm2_vocabulary, load_capture(CAPTURE).stream_text())
-    proxy = await serving(
-        aiohttp_client, settings, bad, verify_sample_rate=1.0, verify_refuse_after=2
-    )
-    monitor = default_model(proxy).drift
-    assert monitor is not None
-    assert monitor.verdict.state is DriftState.MATCHED  # the check at start
-    await refused_after_two_mismatches(proxy)
-    # A check that cannot conclude is not a clean one: the refusal stays.
-    backend.failing = True
-    assert not await monitor.check()
-    assert await codec_refusal(proxy) == "verification_mismatch"
-    backend.failing = False
-    assert await monitor.check()
-    assert monitor.verdict.state is DriftState.MATCHED
-    assert await codec_refusal(proxy) is None
-    assert 'codec_proxy_codec_available{model="default"} 1.0' in await metrics(proxy)
-    # The mismatches before the check no longer count: one more refuses nothing yet.
-    assert await codec_refusal(proxy) is None
+    assert (await post(proxy, "/v1/completions", json=CODEC))[0] == 200
+    status, headers, _ = await post(proxy, "/v1/completions", json=CODEC)
+    assert (status, headers["Retry-After"]) == (503, "120")
+    async with proxy.get("/readyz") as resp:
+        assert resp.status == 200
 
 
 async def test_rate_zero_verifies_nothing(

@@ -1,8 +1,10 @@
 """Readiness: named checks, each owned by one part of the proxy, and the verdict over them.
 
-`GET /readyz` reports it; a check can also refuse Codec mode while it fails (the tokenizer
-drift check does: never serve IDs from a tokenizer the backend does not use). Later lifecycle
-work (draining, upstream health) adds its own checks here.
+`GET /readyz` reports it. A check can also refuse Codec mode, and that is a separate word from
+`ready`: the tokenizer drift check refuses Codec and is not ready (the backend serves another
+tokenizer, which no request can cause), while a refusal that requests can bring about (too
+many verification mismatches) refuses Codec and stays ready, so that it never takes the pod
+out of a Service and JSON with it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Check:
     refuses_codec: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        if self.refuses_codec:
+            return {"ready": self.ready, "reason": self.reason, "refuses_codec": True}
         return {"ready": self.ready, "reason": self.reason}
 
 

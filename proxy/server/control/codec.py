@@ -14,14 +14,12 @@ nothing has reached the client, so a timeout or an upstream failure is still a c
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from proxy.core.backend.kind import backend_kind
@@ -42,6 +40,7 @@ from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.wire.frames import FrameEncoder, encoder_for
 from proxy.server.control.auth import presented_key
+from proxy.server.control.exchanges import stream_context, upstream_exchange
 from proxy.server.control.headers import combined_header, forward_headers
 from proxy.server.control.relay import relay_response
 from proxy.server.control.versioning import (
@@ -49,9 +48,10 @@ from proxy.server.control.versioning import (
     codec_gate,
     declared_client_version,
 )
-from proxy.server.data.pool import Exchange
-from proxy.server.data.pump import stream_response, upstream_exchange
-from proxy.server.models.live import config_of
+from proxy.server.data.context import StreamContext
+from proxy.server.data.exchange import Exchange
+from proxy.server.data.stream import StreamEnd, stream_response
+from proxy.server.models.live import LIVE, config_of
 from proxy.server.models.served_models import SERVED_MODELS, ServedModel, model_of
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD
@@ -66,12 +66,6 @@ _UPSTREAM_ADD = [
     ("Accept-Encoding", "identity"),
     ("Content-Type", "application/json"),
 ]
-# After the terminal frame the upstream has only its usage chunk and [DONE] left; reading them
-# lets the pooled connection be reused instead of closed. The client's kept-alive connection
-# waits for this (the handler has not returned yet), so the wait is short: backends send them
-# right after the final chunk, and past that a new upstream connection is the cheaper loss.
-_DRAIN_LIMIT_BYTES = 64 * 1024
-_DRAIN_SECONDS = 0.1
 # An upstream that refuses the token-ID fields we added (auto mode) is asked again without.
 _REFUSED = frozenset({400, 422})
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -197,6 +191,7 @@ async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespon
         raise ServiceUnavailable(
             f"Codec streams are refused for now ({refusal.reason}); JSON requests are served",
             code=refusal.reason,
+            retry_after=served.codec_retry_after(time.monotonic()),
         )
     record = request[RECORD]
     record.mode = "codec"
@@ -209,16 +204,17 @@ async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespon
     model = served.upstream_name(requested)
     if model is None and plan.resolve_model:
         model = await served.listing.default_name()
-    async with _open_upstream(request, plan, model) as (exchange, asked_for_ids):
-        if exchange.response.status != 200:
+    context = stream_context(request, "codec")
+    async with _open_upstream(request, context, plan, model) as (exchange, asked_for_ids):
+        if exchange.status != 200:
             # Before the stream starts the upstream's own error is the best answer.
-            return await relay_response(request, exchange)
-        return await _serve(request, plan, exchange, asked_for_ids)
+            return await relay_response(request, context, exchange)
+        return await _serve(request, context, plan, exchange, asked_for_ids)
 
 
 @contextlib.asynccontextmanager
 async def _open_upstream(
-    request: web.Request, plan: CodecPlan, model: str | None
+    request: web.Request, context: StreamContext, plan: CodecPlan, model: str | None
 ) -> AsyncIterator[tuple[Exchange, bool]]:
     """The upstream exchange, and whether its request asked for token IDs."""
     headers = forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD
@@ -237,7 +233,7 @@ async def _open_upstream(
         )
         return upstream_exchange(
             request,
-            mode="codec",
+            context,
             method="POST",
             path_qs=plan.upstream_path,
             headers=headers,
@@ -247,11 +243,11 @@ async def _open_upstream(
     # Nothing to leave out again when the backend has no field for this request.
     retry = ask and plan.token_ids == "auto" and bool(plan.upstream.id_fields(backend))
     async with exchange(ask) as first:
-        status = first.response.status
+        status = first.status
         if not (retry and status in _REFUSED):
             yield first, ask
             return
-        detail = await first.response.content.read(_ERROR_BODY_LIMIT)
+        detail, _ = await first.read_all(_ERROR_BODY_LIMIT)
     # `auto` promises the text either way: an upstream that rejects the added fields is asked
     # again without them, so their names never reach the client in an error either.
     log.info("upstream refused the token-ID fields (%d %r); retokenizing", status, detail[:200])
@@ -289,12 +285,16 @@ def _body(request: web.Request, plan: CodecPlan, asked_for_ids: bool) -> tuple[C
 
 
 async def _serve(
-    request: web.Request, plan: CodecPlan, exchange: Exchange, asked_for_ids: bool
+    request: web.Request,
+    context: StreamContext,
+    plan: CodecPlan,
+    exchange: Exchange,
+    asked_for_ids: bool,
 ) -> web.StreamResponse:
     app = request.app
     body, sampled = _body(request, plan, asked_for_ids)
     guard = body.guard
-    request[RECORD].phase = "first_token"
+    context.record.phase = "first_token"
 
     def start() -> web.StreamResponse:
         headers = plan.response_headers(guard.token_source or RETOKENIZED)
@@ -305,32 +305,29 @@ async def _serve(
             headers.update(policy.response_headers())
         return web.StreamResponse(status=200, headers=headers)
 
-    response = await stream_response(
-        request,
-        exchange,
-        body,
-        start,
-        encoding=plan.coding,
-        overhead=app[METRICS].overhead.labels("codec", model_of(request).name),
+    response, end = await stream_response(
+        request, context, exchange, body, start, encoding=plan.coding, overhead=True
     )
     _account(request, plan, guard, exchange)
     if sampled and model_of(request).verification.record(
         body.verification if body.done else None,
         token_source=guard.token_source or RETOKENIZED,
-        request_id=request[RECORD].id,
+        request_id=context.record.id,
         settings=config_of(request).settings,
         metrics=app[METRICS],
         now=time.monotonic(),
     ):
-        app[SERVED_MODELS].publish_gauges(app[METRICS], config_of(request))
+        app[SERVED_MODELS].publish_gauges(app[METRICS], app[LIVE].current)
     if guard.stopped is not None:
         # Category names are public (in the descriptor); rule contents never are.
         log.info("safety policy stopped a Codec stream (category %s)", guard.stopped)
-    if guard.stopped is not None or request.transport is None or request.transport.is_closing():
-        # Cancel, don't drain: closing the connection is what makes the backend stop.
-        exchange.response.close()
+    if guard.stopped is None and end is StreamEnd.COMPLETE:
+        # Only the usage chunk and [DONE] are left: read them in the background, and the
+        # connection is reused.
+        exchange.drain_rest()
     else:
-        await _drain(exchange.response)
+        # Cancel, don't drain: closing the connection is what makes the backend stop.
+        exchange.cancel()
     return response
 
 
@@ -358,15 +355,3 @@ def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard, exchange
             "backend IDs did not account for %d span(s); those were retokenized",
             outcome.retokenized_spans,
         )
-
-
-async def _drain(upstream: aiohttp.ClientResponse) -> None:
-    async def read_rest() -> None:
-        seen = 0
-        async for chunk in upstream.content.iter_any():
-            seen += len(chunk)
-            if seen > _DRAIN_LIMIT_BYTES:
-                return
-
-    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-        await asyncio.wait_for(read_rest(), _DRAIN_SECONDS)

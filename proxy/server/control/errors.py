@@ -1,7 +1,7 @@
 """Turn `ProxyError`s (and aiohttp's own HTTP errors) into OpenAI-style JSON error responses.
 
 The errors aiohttp writes before any handler runs (malformed requests) are made JSON by the
-connection itself (proxy/server/data/connection.py, rendered by `connection_error`), an
+connection itself (proxy/server/data/client_protocol.py, rendered by `connection_error`), an
 unknown `Expect` by proxy/server/control/expect.py.
 """
 

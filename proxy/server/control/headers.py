@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 from aiohttp import web
 
 from proxy.core.errors import BadRequest
 from proxy.core.http.headers import end_to_end
+from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
 from proxy.server.telemetry.record import RECORD, REQUEST_ID_HEADER
 
@@ -61,7 +61,7 @@ def combined_header(request: web.Request, name: str) -> str | None:
 
 
 def upstream_response_headers(
-    upstream: aiohttp.ClientResponse, *, drop: tuple[str, ...] = ()
+    upstream: ResponseHead, *, drop: tuple[str, ...] = ()
 ) -> list[tuple[str, str]]:
     """The upstream's end-to-end response headers, as sent. A field that cannot be relayed
     unchanged (see `_as_sent`) is left out, with a warning, rather than changed."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 from aiohttp import web
 
 from proxy.core.bodies import PolicedJsonBody
@@ -18,13 +17,15 @@ from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.json_policing import JsonStreamPolicer, Verdict, police_json_body
 from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedText
+from proxy.server.control.exchanges import stream_context, upstream_exchange
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
 from proxy.server.control.relay import relay_response
-from proxy.server.data.pool import Exchange
-from proxy.server.data.pump import stream_response, upstream_exchange
+from proxy.server.data.context import StreamContext
+from proxy.server.data.exchange import Exchange
+from proxy.server.data.stream import stream_response
+from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
 from proxy.server.models.served_models import model_of
-from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
@@ -39,24 +40,25 @@ _RESPONSE_DROP = ("content-length", "content-encoding")
 async def police_json(
     request: web.Request, body: bytes, endpoint: Endpoint, policy: SafetyPolicy
 ) -> web.StreamResponse:
+    context = stream_context(request, "policed")
     async with upstream_exchange(
         request,
-        mode="policed",
+        context,
         method=request.method,
         path_qs=request_target(request),
         headers=forward_headers(request, drop=_UPSTREAM_DROP) + _UPSTREAM_ADD,
         body=body,
     ) as exchange:
-        upstream = exchange.response
+        upstream = exchange.head
         if upstream.status != 200:
-            return await relay_response(request, exchange)
+            return await relay_response(request, context, exchange)
         if upstream.headers.get("Content-Encoding", "identity").lower() != "identity":
             raise UpstreamProtocolError(
                 "upstream sent a compressed completion; it cannot be checked against the policy",
                 code="unpoliceable_response",
             )
         if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return await _police_stream(request, exchange, policy, endpoint)
+            return await _police_stream(request, context, exchange, policy, endpoint)
         return await _police_body(request, exchange, policy, endpoint)
 
 
@@ -65,31 +67,35 @@ def _policed_text(request: web.Request, policy: SafetyPolicy) -> PolicedText:
     return PolicedText(policy.rules, vocabulary.scheme, vocabulary.loaded.tokenizer)
 
 
-def _headers(upstream: aiohttp.ClientResponse, policy: SafetyPolicy) -> list[tuple[str, str]]:
+def _headers(upstream: ResponseHead, policy: SafetyPolicy) -> list[tuple[str, str]]:
     kept = upstream_response_headers(upstream, drop=_RESPONSE_DROP)
     return [*kept, *policy.response_headers(), ("Vary", "Codec-Client-Version")]
 
 
 async def _police_stream(
-    request: web.Request, exchange: Exchange, policy: SafetyPolicy, endpoint: Endpoint
+    request: web.Request,
+    context: StreamContext,
+    exchange: Exchange,
+    policy: SafetyPolicy,
+    endpoint: Endpoint,
 ) -> web.StreamResponse:
     policer = JsonStreamPolicer(
         lambda: _policed_text(request, policy),
         endpoint.streamed_text,
         max_event_bytes=config_of(request).settings.max_event_bytes,
     )
-    request[RECORD].phase = "first_byte"
+    context.record.phase = "first_byte"
 
     def start() -> web.StreamResponse:
         response = web.StreamResponse(status=200)
-        for name, value in _headers(exchange.response, policy):
+        for name, value in _headers(exchange.head, policy):
             response.headers.add(name, value)
         return response
 
-    response = await stream_response(request, exchange, PolicedJsonBody(policer), start)
+    response, _ = await stream_response(request, context, exchange, PolicedJsonBody(policer), start)
     if policer.stopped is not None:
         # Cancel, don't drain: closing the connection is what makes the backend stop.
-        exchange.response.close()
+        exchange.cancel()
     _log(policer.verdict, policer.dropped_events)
     return response
 
@@ -98,23 +104,18 @@ async def _police_body(
     request: web.Request, exchange: Exchange, policy: SafetyPolicy, endpoint: Endpoint
 ) -> web.Response:
     limit = config_of(request).settings.max_body_bytes
-    raw = bytearray()
-    try:
-        while chunk := await exchange.read():
-            raw += chunk
-            if len(raw) > limit:
-                raise UpstreamProtocolError(
-                    "upstream completion body is over max_body_bytes; it was not checked",
-                    code="unpoliceable_response",
-                )
-    except aiohttp.ClientError as exc:
-        raise UpstreamProtocolError(f"upstream body failed: {exc!r}") from exc
+    raw, whole = await exchange.read_all(limit)
+    if not whole:
+        raise UpstreamProtocolError(
+            "upstream completion body is over max_body_bytes; it was not checked",
+            code="unpoliceable_response",
+        )
     policed, verdict = police_json_body(
-        bytes(raw), lambda: _policed_text(request, policy), endpoint.body_text
+        raw, lambda: _policed_text(request, policy), endpoint.body_text
     )
     _log(verdict, 0)
     response = web.Response(status=200, body=policed)
-    for name, value in _headers(exchange.response, policy):
+    for name, value in _headers(exchange.head, policy):
         response.headers.add(name, value)
     return response
 

@@ -15,7 +15,7 @@ import asyncio
 from aiohttp import web
 
 from proxy.core.errors import BadRequest, ProxyError
-from proxy.server.data.connection import ProxyProtocol
+from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.models.live import config_of
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -25,7 +26,7 @@ from proxy.core.backend.tokenize_api import (
     parse_tokens,
 )
 from proxy.core.errors import ProxyError, UpstreamProtocolError
-from proxy.server.data.pool import UpstreamPool
+from proxy.server.data.upstreams import UpstreamPool
 from proxy.server.models.upstream_models import UpstreamModels
 from proxy.tokenizers.probes import PROBE_STRINGS
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -86,6 +87,8 @@ class DriftMonitor:
         self.verdict = drift.pending("the first drift check has not finished")
         self._warned_unsupported = False
         self._failing = False
+        # When the next round starts (time.monotonic()); None until `run` schedules one.
+        self.next_round: float | None = None
         readiness.update(self.verdict.check())
 
     async def _post(self, dialect: TokenizeDialect, text: str) -> tuple[int, bytes]:
@@ -203,5 +206,7 @@ class DriftMonitor:
     async def run(self, interval: float, *, concluded: bool) -> None:
         """Check every `interval` seconds, sooner after a round that did not conclude."""
         while True:
-            await asyncio.sleep(interval if concluded else min(interval, RETRY_SECONDS))
+            delay = interval if concluded else min(interval, RETRY_SECONDS)
+            self.next_round = time.monotonic() + delay
+            await asyncio.sleep(delay)
             concluded = await self.check()

@@ -78,10 +78,7 @@ def build_live(
                 policy = read_policy_file(settings.safety_policy, vocabulary.loaded)
                 compiled[id(vocabulary)] = policy
             policies[name] = policy
-    try:
-        api_keys = settings.api_keys()
-    except OSError as exc:
-        raise ConfigError(f"cannot read api_key_file: {exc.strerror or exc}") from exc
+    api_keys = settings.api_keys()
     access = CodecAccess(
         enabled=settings.codec_enabled,
         allow_keys=settings.codec_allow_keys,

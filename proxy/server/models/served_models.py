@@ -2,9 +2,10 @@
 readiness and drift check, and the routing from a request's `model` to one of them.
 
 What is per model never leaks to another: a model whose backend drifts or is down has its
-Codec requests refused (503) and its readiness checks failing, while the others serve. The one
-upstream `ClientSession` (one connection pool, `pool_limit`) and the `max_streams` budget are
-shared: they bound the process, not a model.
+Codec requests refused (503) and its readiness checks failing, while the others serve; a model
+whose backend stalls fills its own share of `max_streams` (`models[].max_streams`), not the
+others'. The one upstream `ClientSession` (one connection pool, `pool_limit`) and `max_streams`
+itself are shared: they bound the process, not a model.
 
 `SERVED_MODELS` is set by the app factory; the pools, health loops and drift checks start in
 `served_models_context` (cleanup_ctx). A request's model is routed once and kept on it (`MODEL`).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +31,12 @@ from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
-from proxy.server.data.pool import StreamBudget, UpstreamPool, make_session
+from proxy.server.data.upstreams import (
+    ProcessStreams,
+    StreamBudget,
+    UpstreamClients,
+    UpstreamPool,
+)
 from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.live import Live
 from proxy.server.models.upstream_models import UpstreamModels
@@ -96,6 +103,14 @@ class ServedModel:
         """What a Codec request's body says upstream: `upstream_model`, else the name the
         client sent, else the model's default (None: the upstream's only model)."""
         return self.config.upstream_model or requested or self.config.request_default
+
+    def codec_retry_after(self, now: float) -> int:
+        """Seconds a client refused Codec for this model should wait before asking again: until
+        the next drift check, which is what lifts a refusal short of a reload (the check's
+        interval while none is scheduled). `now` is `time.monotonic()`."""
+        due = self.drift.next_round if self.drift is not None else None
+        seconds = self.config.drift_check_interval if due is None else due - now
+        return max(1, math.ceil(seconds))
 
     def prompt_limits(self, max_prompt_ids: int | None) -> PromptLimits:
         """`max_prompt_ids`, else the backend's context length as last listed, else the default."""
@@ -176,10 +191,10 @@ class ServedModels:
             },
         }
 
-    def reset_verification(self) -> None:
-        """After a reload: mismatches counted so far no longer refuse Codec for any model."""
+    def lift_verification(self) -> None:
+        """After a reload: no model refuses Codec for verification mismatches any more."""
         for model in self:
-            model.verification.reset()
+            model.verification.lift()
 
     def publish_gauges(self, metrics: Metrics, live: Live) -> None:
         """Per-model state gauges, as of now (set again whenever a check reports, and after a
@@ -318,7 +333,7 @@ def _dictionaries(
 def served_models_context(
     settings: Settings, on_change: Callable[[], None]
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx: every model's pool (one shared session), health loop and drift check.
+    """cleanup_ctx: every model's pool (the clients shared), health loop and drift check.
 
     `on_change` runs after every health round and drift verdict (it republishes the gauges).
     """
@@ -328,17 +343,20 @@ def served_models_context(
 
         served = app[SERVED_MODELS]
         metrics = app[METRICS]
-        session = make_session(settings)
-        budget = StreamBudget(settings.max_streams)
+        clients = UpstreamClients.for_settings(settings)
+        process = ProcessStreams(settings.max_streams)
+        metrics.max_streams.set(process.limit)
         for model in served:
+            limit = model.config.max_streams
+            metrics.model_max_streams.labels(model.name).set(limit)
             pool = UpstreamPool(
                 settings,
-                session,
+                clients,
                 metrics,
                 model.readiness,
                 upstreams=model.config.upstreams,
                 model=model.name,
-                budget=budget,
+                budget=StreamBudget(limit, process, model=model.name, metrics=metrics),
             )
             model.attach(pool)
             if settings.verify_sample_rate > 0:
@@ -358,7 +376,7 @@ def served_models_context(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await session.close()
+            await clients.close()
 
     return context
 
@@ -385,7 +403,7 @@ async def _first_drift_check(
     def on_verdict() -> None:
         # A clean check is what lifts a refusal for verification mismatches, short of a reload.
         if monitor.verdict.state is DriftState.MATCHED:
-            model.verification.reset()
+            model.verification.lift()
         on_change()
 
     monitor = DriftMonitor(

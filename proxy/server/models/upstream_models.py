@@ -23,7 +23,7 @@ from proxy.core.backend.models import (
     parse_models,
 )
 from proxy.core.errors import UpstreamUnavailable
-from proxy.server.data.pool import UpstreamPool
+from proxy.server.data.upstreams import UpstreamPool
 
 log = logging.getLogger("codec_proxy")
 

@@ -8,7 +8,11 @@ construction; the map is what a client trusts, so it is what is checked.
 A mismatch is counted (`codec_proxy_verify_mismatches_total{model, token_source}`) and logged
 with the request id and the first differing byte offset, never the text. With
 `verify_refuse_after` set, that many mismatches within `verify_window` refuse Codec for the
-model, as a drift failure does, until a reload or a clean drift check.
+model until a reload or a clean drift check. Only Codec: the refusal's readiness check stays
+ready, because what any client's requests can bring about must not take the pod out of a
+Service (and every model's JSON with it). Lifting a refusal forgets the mismatches that caused
+it, so that it takes `verify_refuse_after` new ones to refuse again; mismatches that have not
+(yet) refused are kept whatever the drift check says, since it does not look at the map.
 
 The decoder is built once per map, in a worker thread, the first time a stream of the model is
 sampled (80 ms for SmolLM2's map, 320 ms for Llama-3's): until it exists, sampled streams are
@@ -111,17 +115,23 @@ class ModelVerification:
             verdict.first_difference,
             verdict.compared_bytes,
         )
-        if not self._tripped(settings, now):
+        # Streams that were in flight when the refusal began may still report: already said.
+        if not self._tripped(settings, now) or self.refused:
             return False
         detail = (
             f"{settings.verify_refuse_after} verification mismatch(es) within "
-            f"{settings.verify_window:g}s: Codec is refused until a reload or a clean drift check"
+            f"{settings.verify_window:g}s: Codec is refused until a reload or a clean drift "
+            "check; JSON and readiness are not affected"
         )
         log.error("model %s: %s", model, detail)
         self._readiness.update(
-            Check(VERIFICATION_CHECK, False, REFUSED_REASON, detail, refuses_codec=True)
+            Check(VERIFICATION_CHECK, True, REFUSED_REASON, detail, refuses_codec=True)
         )
         return True
+
+    @property
+    def refused(self) -> bool:
+        return self._readiness.get(VERIFICATION_CHECK) is not None
 
     def _tripped(self, settings: Settings, now: float) -> bool:
         threshold, seconds = settings.verify_refuse_after, settings.verify_window
@@ -130,10 +140,11 @@ class ModelVerification:
             window = self._window = MismatchWindow(threshold, seconds)
         return window.record(now)
 
-    def reset(self) -> None:
-        """A reload or a clean drift check: mismatches counted so far no longer refuse Codec."""
+    def lift(self) -> None:
+        """A reload or a clean drift check ends a refusal, and the window starts again empty."""
+        if not self.refused:
+            return
         if self._window is not None:
             self._window.reset()
-        if self._readiness.get(VERIFICATION_CHECK) is not None:
-            log.info("model %s: Codec is served again after verification mismatches", self._model)
-            self._readiness.discard(VERIFICATION_CHECK)
+        log.info("model %s: Codec is served again after verification mismatches", self._model)
+        self._readiness.discard(VERIFICATION_CHECK)

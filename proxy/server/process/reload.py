@@ -7,13 +7,17 @@ compiled, the key file read) and only then swaps it in. Anything wrong, and noth
 one log line names the key and the problem, and `codec_proxy_config_reloads_total{result=
 "error"}` counts it. Requests already in flight keep the snapshot they started with
 (proxy/server/models/live.py), so a stream never changes its flush schedule or policy halfway.
+
+A reload that widens access (`proxy/reloading.py` `widenings`) is applied only when the
+configuration states the settings it comes from, and then logged as a warning naming it: a file
+cut short or emptied cannot drop keys, deny-lists or policies as if meant.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -21,7 +25,7 @@ from aiohttp import web
 from proxy import logs
 from proxy.config import ConfigSource
 from proxy.core.errors import ConfigError
-from proxy.reloading import REREAD_FILES, merge
+from proxy.reloading import REREAD_FILES, merge, unstated, widenings
 from proxy.server.models.live import LIVE, Live, build_live
 from proxy.server.models.served_models import SERVED_MODELS
 from proxy.server.telemetry.metrics import METRICS
@@ -57,6 +61,8 @@ class ReloadResult:
     reread: tuple[str, ...] = ()
     # Restart-only keys that differ in the file, left as they were.
     needs_restart: tuple[str, ...] = ()
+    # What the reload lets through that was refused before (`reloading.Widening`s).
+    widened: tuple[str, ...] = ()
     # Why nothing changed, when `ok` is false: the key and the problem.
     error: str | None = None
     # The generation of the snapshot in force afterwards.
@@ -71,6 +77,8 @@ class ReloadResult:
             parts.append(f"re-read {', '.join(self.reread)}")
         if self.needs_restart:
             parts.append(f"needs a restart: {', '.join(self.needs_restart)} (kept as they were)")
+        if self.widened:
+            parts.append(f"widens access: {', '.join(self.widened)}")
         return f"config reloaded (generation {self.generation}): {'; '.join(parts)}"
 
 
@@ -80,10 +88,13 @@ def install_reloads(app: web.Application) -> None:
     app[RELOADS] = Reloads()
 
 
-async def reload(app: web.Application, new: Settings) -> ReloadResult:
-    """Apply the runtime keys of `new` to `app`, or nothing at all."""
+async def reload(
+    app: web.Application, new: Settings, *, stated: Collection[str] | None = None
+) -> ReloadResult:
+    """Apply the runtime keys of `new` to `app`, or nothing at all. `stated`: the settings the
+    configuration gives (`proxy.config.Loaded`); None: `new` is meant whole."""
     async with app[RELOADS].lock:
-        return await _apply(app, new)
+        return await _apply(app, new, stated)
 
 
 async def reload_config(app: web.Application) -> ReloadResult:
@@ -92,12 +103,12 @@ async def reload_config(app: web.Application) -> ReloadResult:
     async with app[RELOADS].lock:
         source = app.get(CONFIG_SOURCE)
         if source is None:
-            return await _apply(app, app[LIVE].current.settings)
+            return await _apply(app, app[LIVE].current.settings, None)
         try:
-            new = source.load()
+            loaded = source.read()
         except ConfigError as exc:
             return _refused(app, exc.message)
-        return await _apply(app, new)
+        return await _apply(app, loaded.settings, loaded.stated)
 
 
 def schedule_reload(app: web.Application) -> asyncio.Task[ReloadResult]:
@@ -109,7 +120,9 @@ def schedule_reload(app: web.Application) -> asyncio.Task[ReloadResult]:
     return task
 
 
-async def _apply(app: web.Application, new: Settings) -> ReloadResult:
+async def _apply(
+    app: web.Application, new: Settings, stated: Collection[str] | None
+) -> ReloadResult:
     live = app[LIVE]
     running = live.current.settings
     merged = merge(running, new)
@@ -125,6 +138,14 @@ async def _apply(app: web.Application, new: Settings) -> ReloadResult:
         return _refused(app, exc.message)
     except Exception as exc:  # anything else refuses the reload too; the process goes on
         return _refused(app, f"{type(exc).__name__}: {exc}")
+    widened = widenings(running, live.current.api_keys, built.settings, built.api_keys)
+    left_out = unstated(widened, stated)
+    if left_out:
+        return _refused(
+            app,
+            f"settings the configuration leaves out would widen access: "
+            f'{", ".join(map(str, left_out))}; to mean it, write them (true, [] or "none")',
+        )
     live.swap(built)
     current = live.current
     reread = tuple(
@@ -137,11 +158,13 @@ async def _apply(app: web.Application, new: Settings) -> ReloadResult:
         changed=merged.changed,
         reread=reread,
         needs_restart=merged.needs_restart,
+        widened=tuple(map(str, widened)),
         generation=current.generation,
     )
     # The new level first: the operator who asked for less logging gets it from this line on.
     logs.set_level(current.settings.log_level)
-    log.log(logging.WARNING if result.needs_restart else logging.INFO, result.describe())
+    warn = result.needs_restart or result.widened
+    log.log(logging.WARNING if warn else logging.INFO, result.describe())
     app[METRICS].config_reloads.labels("ok").inc()
     for hook in app[ON_RELOAD]:
         try:

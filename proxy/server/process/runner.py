@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
 from proxy import hangups
 from proxy.core.backend.readiness import Check
+from proxy.core.errors import ConfigError
 from proxy.server.control.errors import connection_error
-from proxy.server.data.connection import ProxyServer
+from proxy.server.data.client_protocol import ProxyServer
 from proxy.server.data.drain import LIFECYCLE, READINESS
 from proxy.server.models.live import LIVE
 from proxy.server.process.reload import schedule_reload
@@ -49,6 +51,30 @@ class ProxyRunner(web.AppRunner):
         )
 
 
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a worker runs on (`event_loop`): uvloop by default where it is installed,
+    since it relays a token for less CPU (docs/BENCHMARKS.md); asyncio's own otherwise. None:
+    asyncio's default."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError as exc:
+        if choice == "uvloop":
+            raise ConfigError(
+                "event_loop = uvloop, but uvloop is not installed (pip install uvloop)"
+            ) from exc
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def run(main: Coroutine[Any, Any, None], settings: Settings) -> None:
+    """Run a worker's `main` on the loop `settings` choose."""
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        runner.run(main)
+
+
 async def serve(
     app: web.Application,
     settings: Settings,
@@ -56,7 +82,7 @@ async def serve(
     reuse_port: bool = False,
     announce: Callable[[], None] = lambda: None,
 ) -> None:
-    runner = ProxyRunner(  # on the proxy's own connections (proxy/server/data/connection.py)
+    runner = ProxyRunner(  # on the proxy's own connections (proxy/server/data/client_protocol.py)
         app,
         handle_signals=False,
         # A client that disconnects cancels its handler at once, which closes the upstream

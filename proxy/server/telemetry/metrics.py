@@ -162,8 +162,25 @@ class Metrics:
         )
         self.rejected = Counter(
             "codec_proxy_load_shed",
-            "Requests refused with 503 because max_streams were in flight.",
+            "Requests refused with 503 because a stream budget was spent: the model's share of "
+            "max_streams (budget=model) or max_streams for every model together (process).",
+            ["model", "budget"],
             registry=r,
+        )
+        # Each worker's, summed over workers like codec_proxy_active_streams, which counts what
+        # the budgets hold: `sum by (model)` of that over this is a model's share in use.
+        self.model_max_streams = Gauge(
+            "codec_proxy_model_max_streams",
+            "Upstream requests the model may have in flight: its share of max_streams.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.max_streams = Gauge(
+            "codec_proxy_max_streams",
+            "Upstream requests every model together may have in flight (max_streams).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
 
         # --- rolling Codec out (docs/ROLLOUT.md) ---
@@ -243,6 +260,8 @@ class Metrics:
         for model in models:
             for source in ("backend", "retokenized"):
                 self.verify_mismatches.labels(model, source)
+            for budget in ("model", "process"):
+                self.rejected.labels(model, budget)
         for result in ("ok", "error"):
             self.config_reloads.labels(result)
 

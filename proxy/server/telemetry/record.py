@@ -44,25 +44,13 @@ class RequestRecord:
     # Where the request was when it ended: reading_request, upstream_headers, first_byte,
     # first_token, streaming. Labels client disconnects.
     phase: str = "reading_request"
-    last_write: float | None = None
     # The whole response has been written: whatever cancels the handler later (the client
     # hanging up while we read the rest of the upstream's body) does not undo that.
     completed: bool = False
 
-    def wrote(self, nbytes: int, now: float | None = None) -> float | None:
-        """Account a body write; return the gap since the previous one (None for the first)."""
-        now = time.monotonic() if now is None else now
-        self.bytes_out += nbytes
-        gap = None if self.last_write is None else now - self.last_write
-        if self.ttft is None:
-            self.ttft = now - self.started
-        self.last_write = now
-        return gap
-
     def log_fields(self) -> dict[str, object]:
         fields = asdict(self)
         fields.pop("started")
-        fields.pop("last_write")
         fields.pop("completed")
         # The value the metrics carry (`none` for requests no model applies to), so a log
         # line and the series it was counted in can be matched by the same label.

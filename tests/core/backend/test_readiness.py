@@ -28,7 +28,7 @@ def test_a_failing_check_is_reported_and_replaced_whole() -> None:
         "status": "not_ready",
         "reasons": [{"check": "tokenizer", "reason": "tokenizer_mismatch"}],
         "checks": {
-            "tokenizer": {"ready": False, "reason": "tokenizer_mismatch"},
+            "tokenizer": {"ready": False, "reason": "tokenizer_mismatch", "refuses_codec": True},
             "other": {"ready": True, "reason": "fine"},
         },
     }
@@ -39,3 +39,23 @@ def test_not_ready_without_refusing_codec() -> None:
     readiness.update(Check("tokenizer", ready=False, reason="drift_check_pending"))
     assert not readiness.ready
     assert readiness.codec_refusal() is None
+
+
+def test_refusing_codec_while_ready() -> None:
+    """What requests can bring about refuses Codec without blocking readiness."""
+    readiness = Readiness()
+    refusal = Check("verification", ready=True, reason="verification_mismatch", refuses_codec=True)
+    readiness.update(refusal)
+    assert readiness.ready
+    assert readiness.codec_refusal() == refusal
+    assert readiness.report() == {
+        "status": "ready",
+        "reasons": [],
+        "checks": {
+            "verification": {
+                "ready": True,
+                "reason": "verification_mismatch",
+                "refuses_codec": True,
+            }
+        },
+    }

@@ -1,4 +1,4 @@
-"""The upstream side: a pool of backends, one pooled `ClientSession` per worker, timeouts.
+"""One model's upstreams: which one a request goes to, retries, ejection, health, timeouts.
 
 - Each request goes to the routable upstream with the fewest requests in flight
   (`proxy/core/backend/balancer.py`); active health checks and passive ejection decide which are
@@ -9,26 +9,39 @@
   client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
 - Timeouts: connect; time to first byte (headers and first body chunk share one budget); idle
   between chunks. No total timeout: a long generation is not a failure (peers.md A2).
-- More than `max_streams` requests in flight is shed with 503 + Retry-After before any work.
+- More than a model's share of `max_streams` in flight for that model, or more than
+  `max_streams` for every model together, is shed with 503 + Retry-After before any work.
+
+Requests go out on the data plane's own kept-alive connections (`connections.py`); the proxy's
+own requests (health checks, the drift check's probes, `/v1/models`) use an aiohttp
+`ClientSession`, where a coroutine per read costs nothing that matters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.core.backend.balancer import Balancer, UpstreamState
 from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.http.framing import request_head
+from proxy.server.data.connections import ConnectionPool, Origin
+from proxy.server.data.exchange import Exchange
+from proxy.server.data.upstream_protocol import (
+    ConnectTimedOut,
+    Disconnected,
+    UpstreamConnection,
+    UpstreamConnectionError,
+)
 from proxy.server.telemetry.metrics import Metrics
 from proxy.settings import UNNAMED_MODEL, Settings
 
@@ -37,35 +50,45 @@ log = logging.getLogger("codec_proxy")
 # aiohttp's client adds these when a request lacks them; a transparent proxy must not.
 SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 
-# aiohttp hands a bytes body to the transport in one write, and warns (ResourceWarning) above
-# 1 MiB that this holds the loop; a BytesIO goes out in 64 KiB writes with the loop turning in
-# between. Long token-ID prompts and relayed uploads are such bodies.
-_ONE_WRITE_BYTES = 1 << 20
-
 # Our own probes say who they are, so backend logs (and tests) can tell them from traffic.
 HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 
-# A pooled keep-alive connection the upstream had already closed (llama.cpp half-closes after a
-# streamed response; uvicorn closes idle ones after 5 s): the request never started there, so
-# it is sent again at once, to the same upstream, on a fresh connection.
-_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
-
-# The connection failed before the upstream answered anything: safe to try another upstream.
-_NOTHING_SENT = (
-    aiohttp.ConnectionTimeoutError,  # connect timeout
-    aiohttp.ClientConnectorError,  # refused, unreachable
-    aiohttp.ServerDisconnectedError,  # a stale pooled connection, or closed on us
-    aiohttp.ClientConnectionResetError,
-    aiohttp.ClientOSError,
-)
+# A kept-alive connection the upstream had already closed (llama.cpp half-closes after a
+# streamed response; uvicorn closes idle ones after 5 s) fails with nothing received: the
+# request never started there, so it is sent again at once, to the same upstream, on a fresh
+# connection. The pool may hold more than one such connection.
+_STALE_RETRIES = 2
+# The client's request head names these itself; the upstream request gets its own.
+_OWN_REQUEST_FIELDS = frozenset({"host", "content-length", "expect"})
+_NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "DELETE", "CONNECT"})
 
 
-def _payload(data: bytes | None) -> bytes | io.BytesIO | None:
-    return io.BytesIO(data) if data is not None and len(data) > _ONE_WRITE_BYTES else data
+def _request_head(
+    origin: Origin,
+    method: str,
+    path_qs: str,
+    headers: list[tuple[str, str]],
+    data: bytes | None,
+) -> bytes:
+    """The upstream request's head: the client's end-to-end fields as given, its own `Host`
+    and `Content-Length`, and the credentials of the upstream's URL when it has some (they
+    replace the client's `Authorization`: the operator named them for this upstream)."""
+    own = _OWN_REQUEST_FIELDS | ({"authorization"} if origin.authorization else set())
+    fields = [("Host", origin.host_header)]
+    fields += [(name, value) for name, value in headers if name.lower() not in own]
+    if origin.authorization:
+        fields.append(("Authorization", origin.authorization))
+    # A request that can carry a body says how long it is, also when it is empty (RFC 9110
+    # §8.6), as aiohttp did.
+    length = len(data) if data is not None else None
+    if length is None and method not in _NO_BODY_METHODS:
+        length = 0
+    return request_head(method, origin.base_path + path_qs, fields, body_length=length)
 
 
 class Overloaded(ProxyError):
-    """`max_streams` requests are in flight (503; the client should retry shortly)."""
+    """A stream budget is spent: the model's share of `max_streams` or the process's (503; the
+    client should retry shortly). The message says which."""
 
     status_hint = 503
     error_type = "overloaded"
@@ -79,116 +102,90 @@ class NoUpstream(UpstreamUnavailable):
     public_message = "no upstream is available right now"
 
 
-class Exchange:
-    """One request to one upstream and its response, with its read deadlines.
+@dataclass
+class ProcessStreams:
+    """Upstream requests in flight across every model's pool, against `max_streams`."""
 
-    The time-to-first-byte and idle timeouts are watched by one timer per exchange, not by a
-    timeout around every read: at one event per read, a timeout object per read was a tenth of
-    the relay's CPU. The timer looks at how many bytes have arrived (not how many were read,
-    so a stream held up by a slow client is not idle) and fails the pending read with
-    `UpstreamTimeout` once nothing came for too long.
-    """
-
-    __slots__ = (
-        "_arrived",
-        "_loop",
-        "_timer",
-        "bytes_in",
-        "first_byte_deadline",
-        "idle_timeout",
-        "response",
-        "upstream",
-    )
-
-    def __init__(
-        self,
-        response: aiohttp.ClientResponse,
-        upstream: UpstreamState,
-        first_byte_deadline: float | None,
-        idle_timeout: float | None,
-    ) -> None:
-        self.response = response
-        self.upstream = upstream
-        self.first_byte_deadline = first_byte_deadline  # loop time by which body bytes must come
-        self.idle_timeout = idle_timeout
-        self.bytes_in = 0
-        self._loop = asyncio.get_running_loop()
-        self._arrived = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._watch(self._loop.time())
-
-    def _watch(self, now: float) -> None:
-        if self.first_byte_deadline is not None:
-            when = self.first_byte_deadline
-        elif self.idle_timeout is not None:
-            when = now + self.idle_timeout
-        else:
-            return
-        self._timer = self._loop.call_at(when, self._check)
-
-    def _check(self) -> None:
-        content = self.response.content
-        if content.at_eof():
-            return
-        arrived = content.total_bytes
-        # Something came since the last look, or is waiting to be read (the proxy is the slow
-        # side, held up by its client): not idle.
-        if arrived != self._arrived or arrived > self.bytes_in:
-            self._arrived = arrived
-            self.first_byte_deadline = None
-            self._watch(self._loop.time())
-            return
-        kind = "ttft" if self.first_byte_deadline is not None else "idle"
-        content.set_exception(
-            UpstreamTimeout(
-                f"upstream sent nothing for too long ({kind} timeout)", code=f"{kind}_timeout"
-            )
-        )
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-    async def read(self, until: float | None = None) -> bytes | None:
-        """The next body bytes as they arrive; `b""` at the end of the body; None if loop time
-        `until` came first (the caller has something to do then, and reads again).
-
-        Raises `UpstreamTimeout` past the time-to-first-byte or idle timeout.
-        """
-        content = self.response.content
-        if until is None:
-            chunk = await content.readany()
-        else:
-            try:
-                async with asyncio.timeout_at(until):
-                    chunk = await content.readany()
-            except TimeoutError:
-                return None
-        self.bytes_in += len(chunk)
-        if self.first_byte_deadline is not None:
-            # The first bytes are in: from now on the idle timeout is what is watched.
-            self.first_byte_deadline = None
-            self.close()
-            self._arrived = content.total_bytes
-            self._watch(self._loop.time())
-        return chunk
+    limit: int
+    in_flight: int = 0
 
 
 class StreamBudget:
-    """Upstream requests in flight across every model's pool, against `max_streams`."""
+    """One model's upstream requests in flight, against its share of `max_streams`
+    (`models[].max_streams`), and the process's (shared by every model's budget). A model
+    whose backend stalls spends its own share, never every model's."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        process: ProcessStreams | None = None,
+        *,
+        model: str = UNNAMED_MODEL,
+        metrics: Metrics,
+    ) -> None:
         self.limit = limit
+        self.process = process or ProcessStreams(limit)  # alone: the process is the model
         self.in_flight = 0
+        self._model = model
+        self._metrics = metrics
+
+    def take(self) -> None:
+        """Count one request in, or raise `Overloaded` naming the budget that is spent."""
+        process = self.process
+        if self.in_flight >= self.limit:
+            budget = "model"
+            message = (
+                f"{self.in_flight} requests in flight for model {self._model!r} (its share of "
+                "max_streams); retry shortly"
+            )
+        elif process.in_flight >= process.limit:
+            budget = "process"
+            message = (
+                f"{process.in_flight} requests in flight for every model together "
+                "(max_streams); retry shortly"
+            )
+        else:
+            self.in_flight += 1
+            process.in_flight += 1
+            return
+        self._metrics.rejected.labels(self._model, budget).inc()
+        raise Overloaded(message, code="overloaded")
+
+    def give_back(self) -> None:
+        self.in_flight -= 1
+        self.process.in_flight -= 1
+
+
+@dataclass(frozen=True)
+class UpstreamClients:
+    """What reaches the upstreams, one of each per worker, shared by every model: the data
+    plane's kept-alive connections, and a session for the proxy's own requests."""
+
+    connections: ConnectionPool
+    session: aiohttp.ClientSession
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> UpstreamClients:
+        connections = ConnectionPool(
+            limit=settings.pool_limit,
+            limit_per_host=settings.pool_limit_per_host,
+            keepalive_timeout=settings.keepalive_timeout,
+            connect_timeout=settings.connect_timeout,
+        )
+        return cls(connections, make_session(settings))
+
+    async def close(self) -> None:
+        await self.connections.close()
+        await self.session.close()
 
 
 class UpstreamPool:
-    """One model's upstreams, their health, and the session (shared) that reaches them."""
+    """One model's upstreams, their health, and the clients (shared) that reach them."""
 
     def __init__(
         self,
         settings: Settings,
-        session: aiohttp.ClientSession,
+        clients: UpstreamClients,
         metrics: Metrics,
         readiness: Readiness | None = None,
         *,
@@ -197,11 +194,12 @@ class UpstreamPool:
         budget: StreamBudget | None = None,
     ) -> None:
         self.settings = settings
-        self.session = session
+        self.session = clients.session
+        self.connections = clients.connections
         self.metrics = metrics
         self.readiness = readiness
         self.model = model  # the metric label
-        self.budget = budget or StreamBudget(settings.max_streams)
+        self.budget = budget or StreamBudget(settings.max_streams, model=model, metrics=metrics)
         self.balancer = Balancer(
             upstreams or settings.upstream,
             eject_after=settings.eject_after,
@@ -209,6 +207,7 @@ class UpstreamPool:
             max_ejection_percent=settings.max_ejection_percent,
             panic_threshold=settings.panic_threshold,
         )
+        self._origins = {u.url: Origin.of(u.url) for u in self.balancer.upstreams}
 
     @property
     def in_flight(self) -> int:
@@ -223,40 +222,34 @@ class UpstreamPool:
         headers: Iterable[tuple[str, str]],
         data: bytes | None,
     ) -> AsyncIterator[Exchange]:
-        """Send a request upstream; yields once the response headers are in."""
+        """Send a request upstream; yields once the response head is in. At the end the
+        exchange keeps, drains or closes its connection (`Exchange.end`)."""
         settings = self.settings
         budget = self.budget
-        if budget.in_flight >= budget.limit:
-            self.metrics.rejected.inc()
-            raise Overloaded(
-                f"{budget.in_flight} requests in flight (max_streams); retry shortly",
-                code="overloaded",
-            )
-        budget.in_flight += 1
+        budget.take()
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
-            exchange = await self._send(method, path_qs, CIMultiDict(headers), data, deadline)
+            exchange = await self._send(method, path_qs, list(headers), data, deadline)
             try:
                 yield exchange
             finally:
-                exchange.close()
-                exchange.response.release()
+                exchange.end()
                 exchange.upstream.outstanding -= 1
         finally:
-            budget.in_flight -= 1
+            budget.give_back()
 
     async def _send(
         self,
         method: str,
         path_qs: str,
-        headers: CIMultiDict[str],
+        headers: list[tuple[str, str]],
         data: bytes | None,
         deadline: float | None,
     ) -> Exchange:
         tried: set[str] = set()
         last_failure: BaseException | None = None
-        stale_retries_left = 2  # the pool may hold more than one such connection
+        stale_retries_left = _STALE_RETRIES
         while True:
             upstream = self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
             if upstream is None:
@@ -264,7 +257,7 @@ class UpstreamPool:
                     f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
                 )
                 # Tried and timed out: 504. Tried and refused: 502. None to try at all: 503.
-                if isinstance(last_failure, aiohttp.ConnectionTimeoutError):
+                if isinstance(last_failure, ConnectTimedOut):
                     message = f"upstream connect timed out ({detail})"
                     raise UpstreamTimeout(message, code="connect_timeout") from last_failure
                 if last_failure is not None:
@@ -272,25 +265,29 @@ class UpstreamPool:
                     raise UpstreamUnavailable(message, code="unreachable") from last_failure
                 raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
             upstream.outstanding += 1
+            origin = self._origins[upstream.url]
+            conn: UpstreamConnection | None = None
             try:
                 async with asyncio.timeout_at(deadline):
-                    response = await self.session.request(
-                        method,
-                        URL(upstream.url.rstrip("/") + path_qs, encoded=True),
-                        headers=headers,
-                        # A fresh BytesIO per attempt: a retry sends the body from its start.
-                        data=_payload(data),
-                        allow_redirects=False,
-                        skip_auto_headers=SKIP_AUTO_HEADERS,
+                    conn = await self.connections.connection(origin)
+                    head = await conn.request(
+                        _request_head(origin, method, path_qs, headers, data),
+                        data,
+                        head_only=method == "HEAD",
                     )
-            except _NOTHING_SENT as exc:
+            except UpstreamConnectionError as exc:
                 upstream.outstanding -= 1
+                if conn is not None:
+                    self.connections.release(conn, origin)
                 last_failure = exc
-                if isinstance(exc, _STALE) and stale_retries_left:
+                if not exc.nothing_received:
+                    self._failed(upstream, "protocol", exc)
+                    raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
+                if isinstance(exc, Disconnected) and exc.stale and stale_retries_left:
                     stale_retries_left -= 1
                     self.metrics.retries.inc()
                     continue
-                if isinstance(exc, aiohttp.ConnectionTimeoutError):
+                if isinstance(exc, ConnectTimedOut):
                     self.metrics.timeouts.labels("connect").inc()
                 self._failed(upstream, "connect", exc)
                 tried.add(upstream.url)
@@ -299,21 +296,35 @@ class UpstreamPool:
             except TimeoutError as exc:
                 # The time-to-first-byte budget ran out while waiting for response headers.
                 upstream.outstanding -= 1
+                if conn is not None:
+                    conn.close()
+                    self.connections.release(conn, origin)
                 self.metrics.timeouts.labels("ttft").inc()
                 self._failed(upstream, "timeout", exc)
                 raise UpstreamTimeout(
                     f"upstream {upstream.url} did not answer in time (ttft timeout)",
                     code="ttft_timeout",
                 ) from exc
-            except aiohttp.ClientError as exc:
+            except BaseException:
+                # Cancelled (the client left): the request must not stay open upstream.
                 upstream.outstanding -= 1
-                self._failed(upstream, "protocol", exc)
-                raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
-            if response.status >= 500:
+                if conn is not None:
+                    conn.close()
+                    self.connections.release(conn, origin)
+                raise
+            if head.status >= 500:
                 self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
-            if self.balancer.answered(upstream, response.status, time.monotonic()):
-                self._ejected(upstream, f"answered {response.status}")
-            return Exchange(response, upstream, deadline, self.settings.idle_timeout or None)
+            if self.balancer.answered(upstream, head.status, time.monotonic()):
+                self._ejected(upstream, f"answered {head.status}")
+            return Exchange(
+                self.connections,
+                origin,
+                conn,
+                head,
+                upstream,
+                first_byte_deadline=deadline,
+                idle_timeout=self.settings.idle_timeout or None,
+            )
 
     def request(
         self,
@@ -393,9 +404,6 @@ class UpstreamPool:
         while True:
             await asyncio.sleep(self.settings.health_interval)
             await self.check_health()
-
-
-UPSTREAM = web.AppKey("upstream", UpstreamPool)
 
 
 def make_session(settings: Settings) -> aiohttp.ClientSession:

@@ -1,4 +1,9 @@
-"""The HTTP/1.1 connection: aiohttp's `RequestHandler` with four changes.
+"""The client's HTTP/1.1 connection: aiohttp's `RequestHandler` with five changes.
+
+* The stream being sent on the connection (`listener`, proxy/server/data/stream.py) hears at
+  once when the transport asks to pause writing, to resume, and when the connection is lost:
+  that is how a slow client holds its upstream back, and how one that leaves closes it, with
+  no coroutine waiting on every write.
 
 * A request head must be complete within `request_timeout` of the connection opening, or of its
   first byte on a kept-alive connection; else the connection is closed (slowloris). aiohttp
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.http import RawRequestMessage
@@ -44,6 +49,16 @@ ErrorRenderer = Callable[[int, "str | None"], web.StreamResponse]
 HALF_CLOSE_GRACE = 0.25
 
 
+class ClientListener(Protocol):
+    """What the stream on a connection is told about its client, as it happens."""
+
+    def client_paused(self) -> None: ...
+
+    def client_resumed(self) -> None: ...
+
+    def client_lost(self) -> None: ...
+
+
 class ProxyProtocol(RequestHandler):
     __slots__ = (
         "_answered",
@@ -57,6 +72,7 @@ class ProxyProtocol(RequestHandler):
         "_render_error",
         "_sent_all",
         "_whole_at",
+        "listener",
     )
 
     def __init__(
@@ -79,6 +95,7 @@ class ProxyProtocol(RequestHandler):
         self._sent_all = False  # the client half-closed after whole requests
         self._whole_at = 0.0  # loop time the last request's last byte arrived
         self._close_after_response = False
+        self.listener: ClientListener | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -86,7 +103,20 @@ class ProxyProtocol(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_head_timer()
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.client_lost()  # before aiohttp cancels the handler, a loop turn later
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.listener is not None:
+            self.listener.client_paused()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.listener is not None:
+            self.listener.client_resumed()
 
     def _await_head(self) -> None:
         if self._head_timeout > 0 and self._head_timer is None:

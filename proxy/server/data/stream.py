@@ -1,0 +1,547 @@
+"""One upstream response streamed to one client, driven by callbacks.
+
+Every streamed answer (pass-through, policed JSON, Codec) is an upstream exchange, a
+`ResponseBody` (proxy/core/bodies.py) and a client connection. Once the response has started,
+each upstream chunk goes
+
+    socket read → llhttp (upstream_protocol.py) → `on_data` → `body.feed` → framing → client
+    transport `write`
+
+inside the one read callback: no coroutine is resumed and no task switches per event. The
+handler's task waits on one future for the whole stream and wakes once, at its end.
+
+* **Before the response starts** the body is fed until it is `ready` (its status and headers
+  can be decided; the first read fed a few KiB at a time so the first frame is not held up by
+  the rest), then the upstream is paused and the handler prepares the response (aiohttp's
+  `on_response_prepare` hooks are coroutines). A failure up to then is still a clean 502/504.
+* **Backpressure**: when the client's transport asks to pause writing, reading the upstream
+  pauses, and resumes with it; the write timeout is one timer started on the pause. A client
+  that does not read for `write_timeout` is dropped (its connection aborted, not closed).
+* **Timers**: the body's flush deadline (compressed Codec streams) is one timer, re-armed only
+  when the deadline moves; the upstream's first-byte/idle watchdog is the exchange's.
+* **Ends**: the upstream's end flushes the body; a failure mid-body ends it the way its kind can
+  (`body.fail`: a terminal Codec frame) or closes the connection (a truncated JSON body must not
+  look whole); a bug in a callback does the same and is logged with the request id; the drain
+  timeout ends the stream with `body.fail("proxy shutting down")`; a client that leaves closes
+  the upstream at once (the backend stops generating).
+* **Accounting** per stream, published once: bytes, time to first byte, the gaps between
+  writes (`LocalHistogram`), the body's mean cost per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from enum import Enum
+from typing import Final
+
+from aiohttp import web
+from aiohttp.http_writer import StreamWriter
+
+from proxy.core.bodies import ResponseBody
+from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.http.framing import BodyFramer
+from proxy.server.data.client_protocol import ProxyProtocol
+from proxy.server.data.context import StreamContext
+from proxy.server.data.drain import is_shutdown
+from proxy.server.data.exchange import Exchange
+from proxy.server.data.upstream_protocol import UpstreamConnectionError
+from proxy.server.telemetry.histograms import LocalHistogram
+
+log = logging.getLogger("codec_proxy")
+
+# How much of a first read is fed at a time until the first frame exists: a few events.
+_FIRST_READ_SLICE: Final = 4096
+# Statuses whose responses have no body (RFC 9112 §6.3).
+_NO_BODY_STATUSES: Final = frozenset({204, 304})
+
+
+class StreamEnd(Enum):
+    COMPLETE = "complete"  # the body ended (the upstream's end, a terminal frame, a policy stop)
+    UPSTREAM_FAILED = "upstream_failed"  # the body could not be ended: the connection closed
+    SLOW_CLIENT = "slow_client"  # dropped after write_timeout
+    CLIENT_LEFT = "client_left"
+    SHUTDOWN = "shutdown"  # ended by the drain timeout
+
+
+# Ends after which the response is ended properly (its last chunk marker written).
+_ENDED_WHOLE: Final = frozenset({StreamEnd.COMPLETE, StreamEnd.SHUTDOWN})
+
+
+class _Phase(Enum):
+    BEFORE = "before"  # feeding until the body is ready
+    READY = "ready"  # ready, upstream paused, the handler starts the response
+    STREAMING = "streaming"
+    ENDED = "ended"
+
+
+class ResponseStream:
+    """The callbacks of one stream. Use `stream_response`."""
+
+    __slots__ = (
+        "_body",
+        "_client",
+        "_context",
+        "_deadline_at",
+        "_deadline_timer",
+        "_done",
+        "_end",
+        "_exchange",
+        "_feed_seconds",
+        "_feeds",
+        "_framer",
+        "_gaps",
+        "_head",
+        "_last_write",
+        "_loop",
+        "_pending_end",
+        "_pending_error",
+        "_phase",
+        "_ready",
+        "_rest",
+        "_transport",
+        "_write_timer",
+        "bytes_out",
+    )
+
+    def __init__(self, exchange: Exchange, body: ResponseBody, context: StreamContext) -> None:
+        self._exchange = exchange
+        self._body = body
+        self._context = context
+        self._loop = loop = asyncio.get_running_loop()
+        self._phase = _Phase.BEFORE
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._done: asyncio.Future[StreamEnd] = loop.create_future()
+        self._end: StreamEnd | None = None
+        self._head: list[bytes] = []
+        self._rest: list[bytes] = []
+        self._pending_end = False
+        self._pending_error: Exception | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._client: ProxyProtocol | None = None
+        self._transport: asyncio.Transport | None = None
+        self._framer: BodyFramer | None = None
+        self._gaps = LocalHistogram(context.metrics.inter_token_gap.labels(context.mode))
+        self._last_write: float | None = None
+        self._feed_seconds = 0.0
+        self._feeds = 0
+        self.bytes_out = 0
+
+    # --- the upstream's body (BodySink) ----------------------------------------------------------
+
+    def on_data(self, data: bytes) -> None:
+        phase = self._phase
+        try:
+            if phase is _Phase.STREAMING:
+                body = self._body
+                started = time.perf_counter()
+                out = body.feed(data, self._loop.time())
+                self._feed_seconds += time.perf_counter() - started
+                self._feeds += 1
+                if out:
+                    self._write(out)
+                if body.done:
+                    self._finish(StreamEnd.COMPLETE)
+                elif self._deadline_timer is None:
+                    self._arm_deadline()
+            elif phase is _Phase.BEFORE:
+                self._before_ready(data)
+            elif phase is _Phase.READY:
+                # What arrives while the response is being started is fed chunk by chunk
+                # later, as it came: a Codec body makes one frame per feed.
+                self._rest.append(data)
+        except Exception as exc:
+            self._crashed(exc)
+
+    def on_end(self) -> None:
+        try:
+            phase = self._phase
+            if phase is _Phase.STREAMING:
+                self._write(self._body.flush(self._loop.time()))
+                self._finish(StreamEnd.COMPLETE)
+            elif phase is _Phase.BEFORE:
+                self._head.append(self._body.flush(self._loop.time()))
+                self._pending_end = True
+                self._become_ready()
+            elif phase is _Phase.READY:
+                self._pending_end = True
+        except Exception as exc:
+            self._crashed(exc)
+
+    def on_error(self, exc: Exception) -> None:
+        try:
+            phase = self._phase
+            if phase is _Phase.STREAMING:
+                self._upstream_failed(exc)
+            elif phase is _Phase.BEFORE:
+                self._phase = _Phase.ENDED
+                self._cancel_timers()
+                if not self._ready.done():
+                    self._ready.set_exception(_before_response(exc))
+            elif phase is _Phase.READY:
+                self._pending_error = exc
+        except Exception as crash:
+            self._crashed(crash)
+
+    # --- the client's connection (ClientListener) ------------------------------------------------
+
+    def client_paused(self) -> None:
+        if self._phase is not _Phase.STREAMING:
+            return
+        self._exchange.pause_reading()
+        timeout = self._context.write_timeout
+        if timeout and self._write_timer is None:
+            self._write_timer = self._loop.call_later(timeout, self._write_timed_out)
+
+    def client_resumed(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._phase is _Phase.STREAMING:
+            self._exchange.resume_reading()
+
+    def client_lost(self) -> None:
+        if self._phase is not _Phase.ENDED:
+            # Close the upstream now: the handler's cancellation comes a loop turn later.
+            self._exchange.cancel()
+            self._finish(StreamEnd.CLIENT_LEFT)
+
+    # --- the handler's side ----------------------------------------------------------------------
+
+    async def ready(self) -> None:
+        """Feed until the body is ready. Raises `UpstreamUnavailable` or `UpstreamTimeout`
+        (a clean 502/504: nothing has been sent)."""
+        self._exchange.attach(self)
+        if self._phase is _Phase.BEFORE:
+            self._arm_deadline()
+        await self._ready
+
+    async def run(self, request: web.Request, response: web.StreamResponse) -> StreamEnd:
+        """Start `response` (prepared) with the head, then stream until the end."""
+        record = self._context.record
+        head = b"".join(self._head)
+        self._head = []
+        # The head goes through aiohttp's writer, with the status line and headers in one
+        # write; from then on the body is framed here, the way the writer would have.
+        timeout = self._context.write_timeout or None
+        try:
+            async with asyncio.timeout(timeout):
+                await response.write(head)
+        except TimeoutError:
+            self.drop_slow_client()
+            return self._end or StreamEnd.SLOW_CLIENT
+        if head:
+            self._accounted(len(head), self._loop.time())
+        writer = request.writer
+        if not isinstance(writer, StreamWriter):
+            raise TypeError("streams are written on aiohttp's HTTP/1.1 writer")
+        self._framer = BodyFramer.for_response(
+            chunked=writer.chunked,
+            length=writer.length,
+            empty=request.method == "HEAD"
+            or response.status in _NO_BODY_STATUSES
+            or response.status < 200,
+        )
+        record.phase = "streaming"
+        protocol = request.protocol
+        if not isinstance(protocol, ProxyProtocol):
+            raise TypeError("streams are served on codec-proxy's own connections (ProxyRunner)")
+        self._client = protocol
+        self._transport = request.transport
+        if self._end is None:
+            self._phase = _Phase.STREAMING
+            protocol.listener = self
+            if protocol.writing_paused:
+                self.client_paused()
+            self._resume()
+        try:
+            end = await asyncio.shield(self._done)
+        except asyncio.CancelledError as exc:
+            shutdown = is_shutdown(exc)
+            if not shutdown and self._end in (None, StreamEnd.CLIENT_LEFT):
+                self.client_lost()
+                raise  # the client left: aiohttp cancelled the handler
+            # Ended by the proxy before the cancellation came (a slow client dropped: its
+            # connection's loss cancelled the handler), or by the drain timeout: the stream
+            # ends as the proxy ended it.
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            if shutdown:
+                self.shutdown()
+            end = await self._done
+        finally:
+            if protocol.listener is self:
+                protocol.listener = None
+            writer.output_size += self.bytes_out
+        return end
+
+    def shutdown(self) -> None:
+        """End the stream now (the drain timeout): a Codec body with its terminal frame."""
+        if self._phase is _Phase.ENDED:
+            return
+        self._exchange.cancel()
+        ending = self._body.fail("proxy shutting down", self._loop.time())
+        self._context.record.outcome = "ended_by_shutdown"
+        if ending is None:
+            self._close_client()
+        else:
+            self._write(ending)
+        self._finish(StreamEnd.SHUTDOWN)
+
+    def publish(self, encoding: str, *, overhead: bool) -> None:
+        """The stream's accounting, once, at its end."""
+        context = self._context
+        metrics = context.metrics
+        context.record.bytes_out += self.bytes_out
+        self._gaps.publish()
+        if self.bytes_out:
+            metrics.bytes_out.labels(context.mode, encoding, context.model).inc(self.bytes_out)
+        if overhead and self._feeds:
+            metrics.overhead.labels(context.mode, context.model).observe(
+                self._feed_seconds / self._feeds
+            )
+
+    # --- internal --------------------------------------------------------------------------------
+
+    def _before_ready(self, data: bytes) -> None:
+        body = self._body
+        head = self._head
+        now = self._loop.time()
+        while data and not body.ready:
+            head.append(body.feed(data[:_FIRST_READ_SLICE], now))
+            data = data[_FIRST_READ_SLICE:]
+        if body.ready:
+            if data:
+                self._rest.append(data)
+            self._become_ready()
+        elif self._deadline_timer is None:
+            self._arm_deadline()
+
+    def _become_ready(self) -> None:
+        self._phase = _Phase.READY
+        self._exchange.pause_reading()
+        self._cancel_deadline()
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    def _resume(self) -> None:
+        """Streaming starts: what the first read held beyond the head, what happened while
+        the response was being started, then reading again."""
+        rest, self._rest = self._rest, []
+        for chunk in rest:
+            self.on_data(chunk)
+            if self._phase is not _Phase.STREAMING:
+                return
+        if self._pending_error is not None:
+            self.on_error(self._pending_error)
+        elif self._pending_end or self._body.done:
+            if self._pending_end:
+                self.on_end()
+            else:
+                self._finish(StreamEnd.COMPLETE)
+        else:
+            self._arm_deadline()
+            if not (self._client is not None and self._client.writing_paused):
+                self._exchange.resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        framer = self._framer
+        framed = framer.frame(data) if framer is not None else data
+        if framed:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                self.client_lost()
+                return
+            transport.write(framed)
+        self._accounted(len(data), self._loop.time())
+
+    def _accounted(self, size: int, now: float) -> None:
+        self.bytes_out += size
+        last = self._last_write
+        self._last_write = now
+        if last is None:
+            context = self._context
+            record = context.record
+            record.ttft = time.monotonic() - record.started
+            context.metrics.ttft.labels(context.mode, context.model).observe(record.ttft)
+        else:
+            self._gaps.observe(now - last)
+
+    def _arm_deadline(self) -> None:
+        when = self._body.deadline()
+        if when is None:
+            return
+        if self._deadline_timer is not None:
+            if self._deadline_at <= when:
+                return
+            self._deadline_timer.cancel()
+        self._deadline_at = when
+        self._deadline_timer = self._loop.call_at(when, self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        self._deadline_timer = None
+        try:
+            now = self._loop.time()
+            if self._phase is _Phase.STREAMING:
+                self._write(self._body.on_deadline(now))
+                self._arm_deadline()
+            elif self._phase is _Phase.BEFORE:
+                self._head.append(self._body.on_deadline(now))
+                if self._body.ready:
+                    self._become_ready()
+                else:
+                    self._arm_deadline()
+        except Exception as exc:
+            self._crashed(exc)
+
+    def _upstream_failed(self, exc: Exception) -> None:
+        context = self._context
+        if isinstance(exc, UpstreamTimeout):
+            context.metrics.timeouts.labels("idle").inc()
+        ending = self._body.fail(f"upstream failed mid-stream: {exc}", self._loop.time())
+        if ending is None:
+            # The status line is gone: close the connection rather than end the body cleanly,
+            # so the client cannot take a truncated body for a whole one.
+            context.record.outcome = f"upstream_failed: {type(exc).__name__}"
+            self._close_client()
+            self._finish(StreamEnd.UPSTREAM_FAILED)
+            return
+        self._write(ending)
+        self._finish(StreamEnd.COMPLETE)
+
+    def _crashed(self, exc: Exception) -> None:
+        """A bug in a callback: logged with the request, and the stream ended the way an
+        upstream failure would end it (asyncio would only log it and drop the connection)."""
+        record = self._context.record
+        log.error("stream of request %s failed", record.id, exc_info=exc)
+        record.outcome = "internal_error"
+        self._exchange.cancel()
+        if self._phase is not _Phase.STREAMING:
+            self._phase = _Phase.ENDED
+            self._cancel_timers()
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            if not self._done.done():
+                self._done.set_result(StreamEnd.UPSTREAM_FAILED)
+            return
+        try:
+            ending = self._body.fail("internal error", self._loop.time())
+        except Exception as again:
+            log.error("ending the stream of request %s failed", record.id, exc_info=again)
+            ending = None
+        if ending is None:
+            self._close_client()
+            self._finish(StreamEnd.UPSTREAM_FAILED)
+        else:
+            self._write(ending)
+            self._finish(StreamEnd.COMPLETE)
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        self.drop_slow_client()
+
+    def drop_slow_client(self) -> None:
+        """The client did not take our bytes within `write_timeout`: drop it."""
+        context = self._context
+        context.metrics.timeouts.labels("write").inc()
+        context.record.outcome = "slow_client"
+        # Abort, not close: a close waits to flush a send queue the client never reads,
+        # keeping the socket and its kernel buffers.
+        transport = self._transport
+        if transport is not None:
+            transport.abort()
+        self._exchange.cancel()
+        self._finish(StreamEnd.SLOW_CLIENT)
+
+    def _close_client(self) -> None:
+        client = self._client
+        if client is not None:
+            client.force_close()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _finish(self, end: StreamEnd) -> None:
+        if self._phase is _Phase.ENDED:
+            return
+        self._phase = _Phase.ENDED
+        self._end = end
+        self._cancel_timers()
+        # Nothing more is fed: the control plane drains or cancels what is left upstream.
+        self._exchange.pause_reading()
+        self._exchange.detach()
+        if not self._done.done():
+            self._done.set_result(end)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_deadline()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+
+def _before_response(exc: Exception) -> ProxyError:
+    """An upstream failure before anything was sent, as the clean HTTP error it becomes."""
+    if isinstance(exc, ProxyError):
+        return exc  # the watchdog's UpstreamTimeout: 504
+    if isinstance(exc, UpstreamConnectionError):
+        failure = UpstreamUnavailable(f"upstream failed before the response started: {exc}")
+        failure.__cause__ = exc
+        return failure
+    return UpstreamUnavailable(f"upstream failed before the response started: {exc!r}")
+
+
+async def stream_response(
+    request: web.Request,
+    context: StreamContext,
+    exchange: Exchange,
+    body: ResponseBody,
+    start: Callable[[], web.StreamResponse],
+    *,
+    encoding: str = "identity",
+    overhead: bool = False,
+) -> tuple[web.StreamResponse, StreamEnd]:
+    """Stream `exchange`'s body through `body` to the client; `start()` makes the response
+    once the body is ready. Returns it sent in full, or with its connection closed (the
+    upstream broke mid-body, or the client stopped reading for `write_timeout`), and how the
+    stream ended."""
+    stream = ResponseStream(exchange, body, context)
+    await stream.ready()
+    response = start()
+    await response.prepare(request)
+    record = context.record
+    try:
+        end = await stream.run(request, response)
+        transport = request.transport
+        if end in _ENDED_WHOLE and transport is not None and not transport.is_closing():
+            await _end_response(stream, response, context)
+    finally:
+        stream.publish(encoding, overhead=overhead)
+    if end is StreamEnd.CLIENT_LEFT:
+        raise ConnectionResetError("the client closed the connection")
+    record.status = response.status
+    return response, end
+
+
+async def _end_response(
+    stream: ResponseStream, response: web.StreamResponse, context: StreamContext
+) -> None:
+    """The body's end marker (aiohttp writes it), within the write timeout."""
+    try:
+        async with asyncio.timeout(context.write_timeout or None):
+            await response.write_eof()
+    except TimeoutError:
+        stream.drop_slow_client()
+        return
+    context.record.completed = True

@@ -1,0 +1,416 @@
+"""One HTTP/1.1 connection to an upstream, as an `asyncio.Protocol`: the body by callbacks.
+
+The data plane owns its upstream connections instead of reading through aiohttp's client, so
+that each body chunk the socket delivers goes straight from `data_received` through the C
+parser (`httptools`, llhttp) to the stream's sink, with no coroutine resumed and no buffer in
+between (docs/BENCHMARKS.md "The data plane" measured both ways). A connection carries one
+request at a time; the pool (`connections.py`) keeps it alive between them.
+
+* The head is awaited (`request()`), once per request: a coroutine there costs nothing per
+  token. Interim 1xx answers are skipped (RFC 9110 §15.2); the head may not exceed
+  `MAX_HEAD_BYTES`.
+* The body goes to a `BodySink` (`attach`): `on_data` per chunk as llhttp decodes it,
+  `on_end` once, or `on_error` once. What arrives before a sink is attached is kept for it.
+* Reading pauses and resumes on the sink's word (the client's backpressure).
+* Reuse only when the request was written whole, the response was read to its end and both
+  sides keep the connection alive (RFC 9112 §9.3); anything else closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, Protocol, cast
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+# A head larger than this is an upstream gone wrong, not a response (aiohttp's client allows
+# 8 KiB per field and 32 KiB in all; backends send well under 1 KiB).
+MAX_HEAD_BYTES: Final = 64 * 1024
+# A request body goes out in writes of this size, the loop turning in between, so a 32 MiB
+# token-ID prompt never sits whole in the transport's buffer.
+_BODY_WRITE_BYTES: Final = 256 * 1024
+# Statuses that never have a body, whatever their headers say (RFC 9112 §6.3).
+_NO_BODY: Final = frozenset({204, 304})
+
+
+class UpstreamConnectionError(Exception):
+    """The connection failed; `nothing_received` says no byte of a response came back."""
+
+    nothing_received = False
+
+
+class ConnectFailed(UpstreamConnectionError):
+    """Refused, unreachable, a name that does not resolve, a TLS handshake that failed."""
+
+    nothing_received = True
+
+
+class ConnectTimedOut(ConnectFailed):
+    pass
+
+
+class Disconnected(UpstreamConnectionError):
+    """The upstream closed the connection before the response was whole."""
+
+    def __init__(self, message: str, *, before_response: bool, reused: bool) -> None:
+        super().__init__(message)
+        self.nothing_received = before_response
+        # A kept-alive connection the upstream had already closed: the request never started.
+        self.stale = before_response and reused
+
+
+class BadResponse(UpstreamConnectionError):
+    """What the upstream sent is not HTTP/1.1 this proxy can relay."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    status: int
+    reason: str
+    # As sent, in order, duplicates kept: relayed byte for byte.
+    raw_headers: tuple[tuple[bytes, bytes], ...]
+    # For reading fields (`Content-Type`, `Content-Encoding`); values decoded as Latin-1.
+    headers: CIMultiDictProxy[str]
+    content_length: int | None
+    chunked: bool
+    keep_alive: bool
+
+
+class BodySink(Protocol):
+    def on_data(self, data: bytes) -> None: ...
+
+    def on_end(self) -> None: ...
+
+    def on_error(self, exc: Exception) -> None: ...
+
+
+class _State(Enum):
+    IDLE = "idle"  # connected, no request in flight
+    HEAD = "head"  # request sent (or being sent), waiting for the response head
+    BODY = "body"  # head in, body arriving
+    DONE = "done"  # response read to its end
+    CLOSED = "closed"
+
+
+class UpstreamConnection(asyncio.Protocol):
+    __slots__ = (
+        "_body_until_close",
+        "_closed_waiter",
+        "_drain",
+        "_ended",
+        "_error",
+        "_head_bytes",
+        "_head_request",
+        "_head_waiter",
+        "_headers",
+        "_keep_alive",
+        "_loop",
+        "_on_closed",
+        "_parser",
+        "_pending",
+        "_reason",
+        "_request_written",
+        "_sink",
+        "_state",
+        "_transport",
+        "_write_paused",
+        "reading_paused",
+        "received",
+        "requests",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_closed: Callable[[], None]) -> None:
+        self._loop = loop
+        self._on_closed = on_closed  # the pool forgets the connection
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._state = _State.IDLE
+        self._head_waiter: asyncio.Future[ResponseHead] | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._reason = b""
+        self._head_bytes = 0
+        self._head_request = False
+        self._keep_alive = False
+        self._body_until_close = False
+        self._request_written = False
+        self._sink: BodySink | None = None
+        self._pending: list[bytes] = []
+        self._ended = False
+        self._error: Exception | None = None
+        self._write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._closed_waiter: asyncio.Future[None] = loop.create_future()
+        self.reading_paused = False
+        self.received = 0  # body bytes of the current response: the idle watchdog reads it
+        self.requests = 0  # requests sent on this connection: more than one means reused
+
+    # --- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not `asyncio.Transport` subclasses, only alike).
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        state = self._state
+        if state is _State.HEAD:
+            self._head_bytes += len(data)
+        elif state is not _State.BODY:
+            if state is not _State.CLOSED:
+                # Bytes with no request to answer: the connection cannot be trusted again.
+                self._fail(BadResponse("upstream sent bytes no request asked for"))
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            # A sink guards its own callbacks; this is the connection's own bug.
+            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+            self._fail(BadResponse(f"response handling failed: {cause!r}"))
+            return
+        except httptools.HttpParserError as exc:
+            self._fail(BadResponse(f"malformed response: {exc}"))
+            return
+        if self._state is _State.HEAD and self._head_bytes > MAX_HEAD_BYTES:
+            # Reads that still have not completed the head (one read is at most 256 KiB).
+            self._fail(BadResponse(f"response head over {MAX_HEAD_BYTES} bytes"))
+
+    def eof_received(self) -> bool:
+        return False  # close: a half-closed upstream sends nothing more
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        state = self._state
+        self._state = _State.CLOSED
+        if not self._closed_waiter.done():
+            self._closed_waiter.set_result(None)
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._on_closed()
+        if state is _State.HEAD:
+            error = Disconnected(
+                "upstream closed the connection before answering",
+                before_response=True,
+                reused=self.requests > 1,
+            )
+            self._deliver_error(error)
+        elif state is _State.BODY:
+            if self._body_until_close and exc is None:
+                self._deliver_end()  # the body ends where the connection does (RFC 9112 §6.3)
+            else:
+                reason = f": {exc}" if exc is not None else ""
+                self._deliver_error(
+                    Disconnected(
+                        f"upstream closed the connection mid-body{reason}",
+                        before_response=False,
+                        reused=False,
+                    )
+                )
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # --- httptools callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._headers = []
+        self._reason = b""
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            return  # an interim answer; the final head follows (RFC 9110 §15.2)
+        headers = CIMultiDict[str]()
+        for name, value in self._headers:
+            headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        length_field = headers.get("Content-Length")
+        try:
+            length = int(length_field) if length_field is not None else None
+        except ValueError:
+            length = None  # llhttp has already refused what it could not parse as a length
+        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        self._keep_alive = parser.should_keep_alive()
+        no_body = self._head_request or status in _NO_BODY or status == 101
+        self._body_until_close = not (no_body or chunked or length is not None)
+        head = ResponseHead(
+            status=status,
+            reason=self._reason.decode("latin-1"),
+            raw_headers=tuple(self._headers),
+            headers=CIMultiDictProxy(headers),
+            content_length=length,
+            chunked=chunked,
+            keep_alive=self._keep_alive and not self._body_until_close,
+        )
+        self._state = _State.BODY
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(head)
+        if self._head_request or status == 101:
+            # llhttp would wait for the body a HEAD answer's Content-Length describes but
+            # never sends; the answer ends here, and so does the connection's use.
+            self._keep_alive = False
+            self._state = _State.DONE
+            self._deliver_end()
+
+    def on_body(self, body: bytes) -> None:
+        self.received += len(body)
+        sink = self._sink
+        if sink is not None:
+            sink.on_data(body)
+        elif self._state is _State.BODY:
+            self._pending.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._state is not _State.BODY:
+            return  # an interim 1xx, or a HEAD answer already ended
+        self._state = _State.DONE
+        self._deliver_end()
+
+    # --- used by the pool and the exchange -------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    @property
+    def idle(self) -> bool:
+        return self._state is _State.IDLE
+
+    @property
+    def complete(self) -> bool:
+        """The response was read to its end."""
+        return self._state is _State.DONE
+
+    @property
+    def reusable(self) -> bool:
+        return self._state is _State.DONE and self._keep_alive and self._request_written
+
+    async def request(self, head: bytes, body: bytes | None, *, head_only: bool) -> ResponseHead:
+        """Send one request and wait for its response head (`head_only`: a HEAD request,
+        whose answer has no body). Raises `UpstreamConnectionError`."""
+        if self._state is not _State.IDLE or self._transport is None:
+            raise RuntimeError("the connection is not idle")
+        self.requests += 1
+        self._state = _State.HEAD
+        self._head_request = head_only
+        self._head_bytes = 0
+        self._request_written = False
+        self._sink = None
+        self._pending = []
+        self._ended = False
+        self._error = None
+        self.received = 0
+        waiter = self._head_waiter = self._loop.create_future()
+        transport = self._transport
+        transport.write(head)
+        if body:
+            view = memoryview(body)
+            for start in range(0, len(view), _BODY_WRITE_BYTES):
+                if self._state is _State.CLOSED:
+                    break  # the head waiter has the reason
+                transport.write(view[start : start + _BODY_WRITE_BYTES])
+                if self._write_paused:
+                    self._drain = self._loop.create_future()
+                    await self._drain
+        self._request_written = self._state is not _State.CLOSED
+        try:
+            answer: ResponseHead = await waiter
+            return answer
+        finally:
+            self._head_waiter = None
+
+    def attach(self, sink: BodySink) -> None:
+        """From now on the body goes to `sink`; what came before is delivered at once."""
+        self._sink = sink
+        pending, self._pending = self._pending, []
+        for chunk in pending:
+            if self._sink is not sink:
+                return  # the sink let go while being fed
+            sink.on_data(chunk)
+        if self._error is not None:
+            error, self._error = self._error, None
+            sink.on_error(error)
+        elif self._ended:
+            self._ended = False
+            sink.on_end()
+
+    def detach(self) -> None:
+        self._sink = None
+
+    def pause_reading(self) -> None:
+        if not self.reading_paused and self._transport is not None:
+            self.reading_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused and self._transport is not None:
+            self.reading_paused = False
+            if not self._transport.is_closing():
+                self._transport.resume_reading()
+
+    def fail(self, exc: Exception) -> None:
+        """End the exchange with `exc` (the watchdog's timeout): the sink hears it, the
+        connection is aborted."""
+        self._fail(exc)
+
+    def close(self) -> None:
+        """Abort now, unread bytes and all: the backend sees the connection go at once."""
+        self._sink = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()
+
+    async def wait_closed(self) -> None:
+        await self._closed_waiter
+
+    def released(self) -> None:
+        """The response was read to its end and the connection goes back to the pool."""
+        self._state = _State.IDLE
+        self._sink = None
+        self.reading_paused = False
+        if self._transport is not None:
+            self._transport.resume_reading()  # idle: a close by the upstream must be seen
+
+    # --- internal --------------------------------------------------------------------------------
+
+    def _fail(self, exc: Exception) -> None:
+        state = self._state
+        self._state = _State.CLOSED
+        if state is _State.HEAD:
+            waiter = self._head_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(exc)
+        elif state is _State.BODY:
+            self._deliver_error(exc)
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()
+
+    def _deliver_end(self) -> None:
+        sink = self._sink
+        if sink is None:
+            self._ended = True
+        else:
+            sink.on_end()
+
+    def _deliver_error(self, exc: Exception) -> None:
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+            return
+        sink, self._sink = self._sink, None
+        if sink is None:
+            self._error = exc
+        else:
+            sink.on_error(exc)
