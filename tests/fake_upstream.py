@@ -90,6 +90,7 @@ class Script:
     header_delay: float = 0.0  # seconds before the status line is sent
     stall_after_events: int | None = None  # go silent after N events...
     stall_seconds: float = 0.0  # ...for this long
+    stall_until: asyncio.Event | None = None  # ...or, when given, until this is set
     hang_up: bool = False  # read the request, then close the connection without answering
     # Like a backend that closes kept-alive connections after a response (llama.cpp after a
     # stream): a second request on a connection is read and dropped unanswered.
@@ -200,7 +201,10 @@ class FakeUpstream:
                     await response.write(script.inject)
                 if script.stall_after_events == index:
                     self.stalled_at.append(asyncio.get_running_loop().time())
-                    await asyncio.sleep(script.stall_seconds)
+                    if script.stall_until is not None:
+                        await script.stall_until.wait()
+                    else:
+                        await asyncio.sleep(script.stall_seconds)
                 for piece in _pieces(event, script.chunk_size):
                     await response.write(piece)
                     if script.delay:

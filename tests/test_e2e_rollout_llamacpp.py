@@ -53,18 +53,37 @@ def origin(proxy: ProxyClient) -> str:
     return str(proxy.make_url("/")).rstrip("/")
 
 
+@dataclasses.dataclass
+class Progress:
+    """Where a Codec response body is: its first bytes in, and its last."""
+
+    started: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
 async def codec_text(
-    client: httpx.AsyncClient, proxy: ProxyClient, key: str, **body: Any
+    client: httpx.AsyncClient,
+    proxy: ProxyClient,
+    key: str,
+    progress: Progress | None = None,
+    **body: Any,
 ) -> tuple[int, str, dict[str, Any] | None]:
     """Status, the text codecai renders from the frames (200) or "", and the error (else)."""
+    progress = progress or Progress()
     headers = codecai.with_codec_client_version({"Authorization": f"Bearer {key}"})
     payload = {**request_body(PROMPT), "stream_format": "msgpack", **body}
-    response = await client.post(f"{origin(proxy)}/v1/completions", json=payload, headers=headers)
-    if response.status_code != 200:
-        return response.status_code, "", json.loads(response.content)["error"]
+    url = f"{origin(proxy)}/v1/completions"
+    async with client.stream("POST", url, json=payload, headers=headers) as response:
+        if response.status_code != 200:
+            return response.status_code, "", json.loads(await response.aread())["error"]
+        content = bytearray()
+        async for chunk in response.aiter_bytes():
+            content += chunk
+            progress.started.set()
+        progress.ended.set()
     map_id = response.headers["Codec-Tokenizer-Map"].split()[0]
     tokenizer_map = await codecai.discover_map(origin=origin(proxy), id=map_id, client=client)
-    frames = await codecai_frames(response.content, "msgpack")
+    frames = await codecai_frames(bytes(content), "msgpack")
     assert [f.done for f in frames].count(True) == 1
     assert frames[-1].done
     text = codecai.Detokenizer(tokenizer_map).render([i for f in frames for i in f.ids])
@@ -102,14 +121,19 @@ async def test_a_reload_under_load_leaves_streams_in_flight_unharmed(proxy: Prox
     async with httpx.AsyncClient(timeout=60) as client:
         expected = await json_text(client, proxy, "team-a")
         long_body = {"max_tokens": 64}
+        streams = [Progress() for _ in range(3)]
         in_flight = [
-            asyncio.create_task(codec_text(client, proxy, "team-a", **long_body)) for _ in range(3)
+            asyncio.create_task(codec_text(client, proxy, "team-a", stream, **long_body))
+            for stream in streams
         ]
-        await asyncio.sleep(0.15)  # the streams are under way on llama.cpp's slots
+        # Every stream under way on llama.cpp's slots: its first frames read by the client.
+        await asyncio.wait_for(asyncio.gather(*(s.started.wait() for s in streams)), 60)
         off = dataclasses.replace(app[LIVE].current.settings, codec_enabled=False)
         result = await reload(app, off)
         assert result.ok
         assert "codec_enabled" in result.changed
+        # The reload came mid-stream: none of the bodies had ended.
+        assert not any(s.ended.is_set() for s in streams)
         # A request after the reload gets the new answer at once ...
         status, _, error = await codec_text(client, proxy, "team-a")
         assert status == 403

@@ -1,8 +1,10 @@
 """deploy/Dockerfile's build steps, run as written in a fresh virtualenv, make a working image:
-the entry point serves, the HEALTHCHECK command tells up from down, SIGTERM drains and exits 0,
-all on a read-only root with a tmpfs on TMPDIR. (The numeric non-root USER is checked by the
-lint and the manifests' runAsNonRoot; here the interpreter standing in for the image's may
-live where uid 10001 cannot read it.)
+the entry point serves as the image's USER (uid 10001), the HEALTHCHECK command tells up from
+down, SIGTERM drains and exits 0, all on a read-only root with a tmpfs on TMPDIR.
+
+Running as another uid and the read-only root need root (setpriv, a mount namespace), as CI
+has; the interpreter standing in for the image's must be one that uid can run: this one, or the
+system's of the same version when this one lives where others cannot read (pyenv's, in /root).
 
 About a minute (pip installs every dependency from scratch); marked `image`.
 """
@@ -13,7 +15,9 @@ import asyncio
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,21 +39,49 @@ from tests.server.conftest import AiohttpServer
 pytestmark = pytest.mark.image
 
 
+def usable_by_others(path: Path) -> bool:
+    """Whether any user may run `path`: every directory above it searchable by others."""
+    resolved = path.resolve()
+    if not resolved.is_file() or resolved.stat().st_mode & stat.S_IXOTH == 0:
+        return False
+    return all(d.stat().st_mode & stat.S_IXOTH for d in resolved.parents)
+
+
+def image_python() -> Path:
+    """The interpreter to stand in for the image's: one the image's user can run, if any."""
+    here = Path(getattr(sys, "_base_executable", sys.executable))
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    return next((p for p in (here, system) if usable_by_others(p)), here)
+
+
 @pytest.fixture(scope="module")
 def image() -> Iterator[dockerfile.Image]:
     scratch = Path(tempfile.mkdtemp(prefix="codec-proxy-image-"))
+    scratch.chmod(0o755)  # the image's / : the image's user must get in
     try:
-        yield dockerfile.build_steps(dockerfile.parse(dockerfile.DEFAULT_DOCKERFILE), scratch)
+        yield dockerfile.build_steps(
+            dockerfile.parse(dockerfile.DEFAULT_DOCKERFILE), scratch, python=image_python()
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def image_ids(image: dockerfile.Image) -> tuple[int, int]:
+    """The uid and gid of the image's USER (numeric, as the lint requires)."""
+    uid, _, gid = image.user.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def as_image_user(argv: list[str], image: dockerfile.Image) -> list[str]:
+    """`argv` run as the image's USER, as the container runtime would (needs root)."""
+    uid, gid = image_ids(image)
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
 
 
 def read_only(argv: list[str], root: Path, tmpdir: Path) -> list[str]:
     """`argv` with the image's root read-only and a fresh tmpfs on TMPDIR, as the Kubernetes
     manifests run it (readOnlyRootFilesystem, an emptyDir on /tmp). Needs root for the mount
-    namespace; otherwise `argv` as it is, and the written-files check below still applies."""
-    if os.geteuid() != 0:
-        return argv
+    namespace."""
     script = 'mount --bind -o ro "$1" "$1" && mount -t tmpfs -o size=64m tmpfs "$2" && shift 2'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
             script + ' && exec "$@"', "sh", str(root), str(tmpdir), *argv]  # fmt: skip
@@ -89,8 +121,13 @@ def test_the_image_holds_the_proxy_and_its_runtime_only(image: dockerfile.Image)
 
 
 def healthcheck(image: dockerfile.Image, env: dict[str, str]) -> int:
+    """The HEALTHCHECK command's status, run as the image's user as Docker runs it."""
     return subprocess.run(
-        image.healthcheck, env=env, cwd=image.root, capture_output=True, check=False
+        as_image_user(image.healthcheck, image),
+        env=env,
+        cwd=image.root,
+        capture_output=True,
+        check=False,
     ).returncode
 
 
@@ -132,7 +169,7 @@ def start_container(image: dockerfile.Image, upstream: str) -> Container:
     assert healthcheck(image, env) != 0  # nothing listens yet
     argv = [*image.entrypoint, *image.cmd, "--config", str(config)]
     process = subprocess.Popen(
-        read_only(argv, image.root, tmpdir),
+        read_only(as_image_user(argv, image), image.root, tmpdir),
         env=env,
         cwd=image.root,
         stdout=subprocess.PIPE,
@@ -156,14 +193,32 @@ def stop(container: Container) -> str:
     return container.process.communicate()[0]
 
 
+def process_identity(pid: int) -> tuple[str, int, int]:
+    """A running process's command line, real uid and real gid."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = {line.split(":")[0]: line.split()[1:] for line in status}
+    return cmdline, int(fields["Uid"][0]), int(fields["Gid"][0])
+
+
 async def test_serves_health_checks_and_drains_as_the_image_user(
     image: dockerfile.Image, aiohttp_server: AiohttpServer
 ) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("running as the image's uid on a read-only root needs root (as in CI)")
+    assert usable_by_others(image.path("/usr/local/bin/python")), (
+        f"{image_python()}: no interpreter here that uid {image_ids(image)[0]} can run"
+    )
     server = await aiohttp_server(FakeUpstream().app())
     upstream = str(server.make_url("")).rstrip("/")
     container = await asyncio.to_thread(start_container, image, upstream)
     try:
         await asyncio.to_thread(wait_healthy, image, container)
+        # The process serving is the entry point, as the image's user (unshare, sh and setpriv
+        # each exec the next).
+        cmdline, uid, gid = process_identity(container.process.pid)
+        assert " ".join(image.entrypoint) in cmdline  # the console script, by the venv's python
+        assert (uid, gid) == image_ids(image) != (0, 0)
         url = f"http://127.0.0.1:{container.port}"
         async with aiohttp.ClientSession() as session:
             async with session.get(url + "/readyz") as resp:

@@ -5,8 +5,9 @@ scrapes proxies serving test traffic, so that every dashboard query is shown to 
 what the proxy really exports. The metric names and labels below are the contract the dashboard
 and the alerts are written against (docs/ROLLOUT.md).
 
-promtool and prometheus come from Debian's `prometheus` package (.ci/run installs it when it
-can); without them the tests that need them skip.
+promtool and prometheus come from Debian's `prometheus` package (.ci/run installs it, and fails
+when it cannot in CI). Without them the tests that need them skip, except in CI (`CI=true`), where
+they fail: these are the only tests of the alert rules and of the dashboard's PromQL.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -23,7 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import aiohttp
 import pytest
@@ -299,11 +301,22 @@ def test_the_prometheusrule_carries_exactly_the_alerting_rules() -> None:
 # --------------------------------------------------------------------------- promtool
 
 
+def in_ci() -> bool:
+    """Whether this is a CI run (`CI=true`, as GitHub Actions and GitLab set it; .ci/run reads
+    it the same way)."""
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+def missing_tool(name: str) -> NoReturn:
+    """Skip a test whose tool is missing; in CI, fail it: CI must not go green without it."""
+    why = f"{name} is not installed: `apt-get install prometheus` enables this test"
+    if in_ci():
+        pytest.fail(f"{why}. CI=true, so it must run: .ci/run installs it", pytrace=False)
+    pytest.skip(why)
+
+
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not on PATH: `apt-get install prometheus` enables this test")
-    return path
+    return shutil.which("promtool") or missing_tool("promtool")
 
 
 def run_promtool(*args: str, cwd: Path = MONITORING) -> None:
@@ -350,10 +363,22 @@ MODELS = ("smollm2", "drifted", "flaky", "verify")
 def prometheus_binary() -> str:
     # PATH first, so that another build can be tried; Debian's package puts it in /usr/bin.
     debian = "/usr/bin/prometheus" if Path("/usr/bin/prometheus").is_file() else None
-    path = shutil.which("prometheus") or debian
-    if path is None:
-        pytest.skip("prometheus is not installed: `apt-get install prometheus` enables this test")
-    return path
+    return shutil.which("prometheus") or debian or missing_tool("prometheus")
+
+
+@pytest.mark.parametrize("ci", [None, "false", "true", "TRUE", "1"])
+def test_a_missing_tool_skips_only_outside_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str | None
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    outcome = pytest.fail.Exception if ci in ("true", "TRUE", "1") else pytest.skip.Exception
+    with pytest.raises(outcome, match="promtool is not installed") as raised:
+        promtool()
+    assert ("CI=true, so it must run" in str(raised.value)) == (outcome is pytest.fail.Exception)
 
 
 def write_prometheus_config(workdir: Path, targets: list[str]) -> Path:
@@ -585,6 +610,70 @@ async def send_traffic(fleet: Fleet) -> None:
     await make_reload_fail(app_of(fleet.proxies["smollm2"]))
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpectedAlert:
+    """What an alert must be after the traffic: its state, and the labels saying whom it is
+    about."""
+
+    state: str
+    labels: dict[str, str]
+
+
+def expected_alerts(fleet: Fleet) -> dict[str, ExpectedAlert]:
+    """Each alert as send_traffic leaves it. Those without `for:` fire at once; the two with
+    `for: 5m` and `for: 10m` can only be pending within the test."""
+    return {
+        "CodecProxyTokenizerDrift": ExpectedAlert("firing", {"model": "drifted"}),
+        "CodecProxyVerificationMismatch": ExpectedAlert("firing", {"model": "verify"}),
+        "CodecProxyUpstreamErrors": ExpectedAlert("pending", {"model": "flaky"}),
+        "CodecProxyStreamsEndingInError": ExpectedAlert("pending", {"model": "flaky"}),
+        "CodecProxyConfigReloadFailed": ExpectedAlert(
+            "firing", {"instance": f"127.0.0.1:{fleet.proxies['smollm2'].server.port}"}
+        ),
+    }
+
+
+def rule_problems(rules: dict[str, Any], expected: dict[str, ExpectedAlert]) -> list[str]:
+    """How Prometheus's evaluation of the alerting rules (/api/v1/rules) differs from
+    `expected`: a rule in error, an alert in another state, for other series, or one too many."""
+    problems = []
+    seen = set()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule["type"] != "alerting":
+                continue
+            name = rule["name"]
+            seen.add(name)
+            if rule["health"] == "err":
+                problems.append(f"rule {name}: {rule.get('lastError')}")
+            want = expected.get(name)
+            if want is None:
+                problems.append(f"rule {name}: no expected state")
+                continue
+            got = [
+                (alert["state"], {k: alert["labels"].get(k) for k in want.labels})
+                for alert in rule["alerts"]
+            ]
+            if got != [(want.state, want.labels)]:
+                problems.append(f"alert {name}: {got or 'inactive'}, not {want}")
+    missing = sorted(expected.keys() - seen)
+    if missing:
+        problems.append(f"rules not loaded: {missing}")
+    return problems
+
+
+async def alert_problems(
+    session: aiohttp.ClientSession, prometheus: str, expected: dict[str, ExpectedAlert]
+) -> list[str]:
+    """rule_problems, once the rules agree or after a few evaluation intervals."""
+    deadline = time.monotonic() + 10 * SCRAPE_INTERVAL
+    while True:
+        problems = rule_problems(await api(session, f"{prometheus}/api/v1/rules"), expected)
+        if not problems or time.monotonic() > deadline:
+            return problems
+        await asyncio.sleep(SCRAPE_INTERVAL / 4)
+
+
 def series_problems(query: Query, result: list[dict[str, Any]]) -> list[str]:
     """Why `result` would leave the query's panel empty or unlabelled, if it would."""
     shown = query.evaluable().replace("\n", " ")
@@ -634,10 +723,7 @@ async def test_every_dashboard_query_has_data_from_a_real_prometheus(
             )
             if not set(MODELS) <= set(models):
                 problems.append(f"variable model: label_values(...) gave {models}, not {MODELS}")
-            rules = await api(session, f"{prometheus}/api/v1/rules")
-            for group in rules["groups"]:
-                for rule in group["rules"]:
-                    if rule["health"] == "err":
-                        problems.append(f"rule {rule['name']}: {rule.get('lastError')}")
+            # The rules are evaluated every interval, an instant behind the scrapes.
+            problems += await alert_problems(session, prometheus, expected_alerts(fleet))
     assert not problems, "\n".join(problems)
     assert time.monotonic() - started < 60

@@ -283,9 +283,21 @@ async def test_unknown_and_traversal_paths_are_404_and_never_relayed(
     assert upstream.requests == []
 
 
-async def test_a_bad_host_header_gets_no_index(proxy: ProxyClient) -> None:
-    status, _, _ = await raw_get(proxy, "/.well-known/codec/index.json", Host="evil.test/x?")
+@pytest.mark.parametrize("host", ["evil.test/x?", "evil.test:80@x", "evil.test\\x"])
+async def test_a_bad_host_header_gets_no_index(proxy: ProxyClient, host: str) -> None:
+    # A plain host is written into the index's URLs...
+    status, _, body = await raw_get(proxy, "/.well-known/codec/index.json", Host="good.test:8080")
+    assert status == 200
+    [entry] = json.loads(body)["maps"]
+    assert entry["url"].startswith("http://good.test:8080/.well-known/codec/maps/sha256/")
+    # ...anything else is not: the one JSON 404, with nothing of the Host in it.
+    status, headers, body = await raw_get(proxy, "/.well-known/codec/index.json", Host=host)
     assert status == 404
+    assert headers["Content-Type"].startswith("application/json")
+    document = json.loads(body)
+    assert set(document) == {"error"}  # no "maps"
+    assert document["error"]["code"] == "not_found"
+    assert b"evil" not in body
 
 
 async def test_codec_streams_name_the_served_map(proxy: ProxyClient) -> None:

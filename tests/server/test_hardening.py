@@ -94,9 +94,7 @@ async def wait_for(predicate: Callable[[], bool], seconds: float = 3.0) -> None:
 # --- several upstreams ------------------------------------------------------------------------
 
 
-async def test_least_outstanding_spreads_concurrent_streams(
-    make_proxy: MakeProxy, make_upstream
-) -> None:
+async def test_concurrent_streams_are_spread_evenly(make_proxy: MakeProxy, make_upstream) -> None:
     (a, url_a), (b, url_b) = await make_upstream(), await make_upstream()
     for fake in (a, b):
         fake.script = Script(load_capture(SAMPLE), delay=0.01)
@@ -109,6 +107,53 @@ async def test_least_outstanding_spreads_concurrent_streams(
 
     await asyncio.gather(*(one() for _ in range(8)))
     assert len(a.requests) == len(b.requests) == 4
+
+
+async def test_least_outstanding_sends_new_streams_past_a_busy_upstream(
+    make_proxy: MakeProxy, make_upstream
+) -> None:
+    # One stream holds an upstream; the requests after it, one at a time, all go to the other.
+    # Round robin would send every other one to the busy upstream.
+    (a, url_a), (b, url_b) = await make_upstream(), await make_upstream()
+    release = asyncio.Event()
+    for fake in (a, b):
+        fake.script = Script(load_capture(SAMPLE), stall_after_events=3, stall_until=release)
+    proxy = await make_proxy(upstream=(url_a, url_b))
+
+    async def read_one() -> list[Frame]:
+        async with proxy.post("/v1/completions", json=codec_body()) as resp:
+            assert resp.status == 200
+            return await frames_of(resp)
+
+    balancer = default_model(proxy).pool.balancer
+
+    def in_flight() -> dict[str, int]:
+        return {u.url: u.outstanding for u in balancer.upstreams}
+
+    held = asyncio.ensure_future(read_one())
+    try:
+        await wait_for(lambda: bool(a.stalled_at or b.stalled_at), seconds=10)
+        pairs = [(a, url_a), (b, url_b)]
+        if not a.stalled_at:
+            pairs.reverse()
+        (busy, busy_url), (idle, idle_url) = pairs
+        for fake in (a, b):
+            fake.script = Script(load_capture(SAMPLE))
+        for _ in range(4):
+            # One at a time: the last one has let go of its upstream (the proxy reads its end
+            # after the client has the whole response).
+            await wait_for(lambda: in_flight() == {busy_url: 1, idle_url: 0})
+            assert (await read_one())[-1].finish_reason == "length"
+        assert (len(busy.requests), len(idle.requests)) == (1, 4)
+        assert not held.done()
+    finally:
+        release.set()
+    assert (await held)[-1].finish_reason == "length"  # the held stream ends whole
+    # With both idle again, the next two go one to each.
+    for _ in range(2):
+        await wait_for(lambda: set(in_flight().values()) == {0})
+        await read_one()
+    assert (len(busy.requests), len(idle.requests)) == (2, 5)
 
 
 async def test_upstream_down_at_start_is_skipped(

@@ -44,6 +44,7 @@ from tests.server.conftest import (
     ProxyClient,
     app_of,
 )
+from tests.server.support import frames_of
 
 SMOL_CAPTURE = "llamacpp-completions-sample.txt"
 # Another stream, so that which backend answered shows in the text.
@@ -185,6 +186,20 @@ async def post(
 ) -> tuple[int, Mapping[str, str], bytes]:
     async with proxy.post(path, **kwargs) as resp:
         return resp.status, resp.headers.copy(), await resp.read()
+
+
+def codec_stream(status: int, headers: Mapping[str, str], raw: bytes) -> None:
+    """A whole msgpack Codec stream, with its map header: a JSON 200 is not one."""
+    assert status == 200, raw
+    assert "Codec-Tokenizer-Map" in headers
+    assert frames_of(raw, "msgpack")[-1].done
+
+
+def relayed(status: int, headers: Mapping[str, str], raw: bytes, capture: str) -> None:
+    """The backend's answer, `capture`, relayed as it came: JSON, not Codec."""
+    assert status == 200, raw
+    assert "Codec-Tokenizer-Map" not in headers
+    assert raw == load_capture(capture).body
 
 
 def assert_model_not_found(status: int, raw: bytes, name: str) -> None:
@@ -370,10 +385,10 @@ async def test_codec_can_be_turned_off_for_one_model(twins: Deploy) -> None:
     assert status == 403
     assert json.loads(raw)["error"]["code"] == "codec_not_enabled"
     assert deployment.traffic()["twin"] == []  # refused before the backend is asked
-    status, _, _ = await post(proxy, "/v1/completions", json={"model": "t", "prompt": "Hi"})
-    assert status == 200  # JSON is never refused
-    status, _, _ = await post(proxy, "/v1/completions", json={**CODEC, "model": "smol"})
-    assert status == 200
+    # JSON is never refused, and the other model's Codec is untouched.
+    json_answer = await post(proxy, "/v1/completions", json={"model": "t", "prompt": "Hi"})
+    relayed(*json_answer, QWEN_CAPTURE)
+    codec_stream(*await post(proxy, "/v1/completions", json={**CODEC, "model": "smol"}))
     assert (await readyz(proxy))[0] == 200
 
 
@@ -713,23 +728,29 @@ async def test_a_down_backend_takes_out_its_model_only(
         status, _, raw = await post(proxy, "/v1/completions", json=payload)
         assert status == 503, raw
         assert json.loads(raw)["error"]["code"] == "no_upstream"
-    status, _, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "up"})
-    assert status == 200
+    codec_stream(*await post(proxy, "/v1/completions", json={**CODEC, "model": "up"}))
     # Only the default is required: the process is ready, and says which model is not.
     status, report = await readyz(proxy)
     assert status == 200
     assert report["status"] == "ready"
+    up_checks = {
+        "upstreams": {"ready": True, "reason": "ok"},
+        "tokenizer": {"ready": True, "reason": "drift_check_disabled"},
+    }
     assert report["models"]["up"] == {
         "ready": True,
         "required": True,
         "codec": True,
-        "checks": report["models"]["up"]["checks"],
+        "checks": up_checks,
     }
-    assert report["models"]["down"]["ready"] is False
-    assert report["models"]["down"]["required"] is False
-    assert report["models"]["down"]["checks"]["upstreams"]["reason"] == "no_upstream"
+    assert report["models"]["down"] == {
+        "ready": False,
+        "required": False,
+        "codec": True,
+        "checks": {**up_checks, "upstreams": {"ready": False, "reason": "no_upstream"}},
+    }
     # `checks` stays what a single-model proxy reported: the process's and the default's.
-    assert report["checks"]["upstreams"]["reason"] == "ok"
+    assert report["checks"] == up_checks
     samples = metric_samples(await metrics_text(proxy))
     assert samples[("codec_proxy_model_ready", (("model", "down"),))] == 0
     assert samples[("codec_proxy_model_ready", (("model", "up"),))] == 1

@@ -264,16 +264,28 @@ async def test_a_safety_policy_added_by_reload_polices_new_streams_only(
     assert await before == "length"  # it started without a policy, and ends without one
 
 
-async def test_reloads_are_applied_one_at_a_time_in_order(proxy: ProxyClient) -> None:
+async def test_reloads_are_applied_one_at_a_time_in_order(
+    proxy: ProxyClient, tmp_path: Path
+) -> None:
+    # The first reload compiles a safety policy in a thread, so it awaits; the second does not.
+    # Unserialized, the second would be applied while the first awaits, against the snapshot
+    # the first started from, and then be undone by it.
     app = app_of(proxy)
     settings = app[LIVE].current.settings
-    first, second = (
-        asyncio.ensure_future(reload(app, dataclasses.replace(settings, flush_frames=n)))
-        for n in (7, 8)
+    assert settings.safety_policy is None
+    policy = write_policy(tmp_path)
+    first = asyncio.ensure_future(
+        reload(app, dataclasses.replace(settings, safety_policy=policy, flush_frames=7))
     )
+    second = asyncio.ensure_future(reload(app, dataclasses.replace(settings, flush_frames=8)))
     results = await asyncio.gather(first, second)
+    assert [r.ok for r in results] == [True, True]
     assert [r.generation for r in results] == [1, 2]
-    assert app[LIVE].current.settings.flush_frames == 8
+    # Each applied to the snapshot the one before left: the second takes the policy out again.
+    assert [set(r.changed) for r in results] == [{"safety_policy", "flush_frames"}] * 2
+    current = app[LIVE].current
+    assert current.generation == 2
+    assert (current.settings.flush_frames, current.settings.safety_policy) == (8, None)
 
 
 # --------------------------------------------------------------------------- from a file

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from proxy.settings import ModelSettings
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient
 from tests.server.policy_support import v04, write_policy
 from tests.server.raw_http import RawResponse, connections, request
@@ -23,6 +23,21 @@ from tests.server.support import frames_of, post
 CODEC = {"prompt": "Hi", "max_tokens": 8, "stream_format": "msgpack"}
 JSON = {"prompt": "Hi", "max_tokens": 8, "stream": True}
 PATH_B = msgpack.packb({"prompt_ids": [504, 3575, 282], "max_tokens": 8})
+SAMPLE = load_capture("llamacpp-completions-sample.txt")  # what the fake upstream streams
+
+
+def relayed_json(status: int, headers: dict[str, str], raw: bytes) -> None:
+    """The upstream's SSE, relayed as it came: what a JSON request gets, Codec allowed or not."""
+    assert status == 200, raw
+    assert headers["Content-Type"].startswith("text/event-stream")
+    assert raw == SAMPLE.body
+
+
+def served_codec(status: int, headers: dict[str, str], raw: bytes) -> None:
+    """A whole msgpack Codec stream, not JSON."""
+    assert status == 200, raw
+    assert "Codec-Tokenizer-Map" in headers
+    assert frames_of(raw, "msgpack")[-1].finish_reason == "length"
 
 
 def refused(status: int, raw: bytes) -> dict[str, Any]:
@@ -48,10 +63,7 @@ async def test_codec_off_refuses_every_codec_route_before_the_upstream(
         refused(*(await post(proxy, path, **kwargs))[::2])
     assert upstream.requests == []
     # JSON is never affected: the very same request without stream_format is served.
-    status, headers, raw = await post(proxy, "/v1/completions", json=JSON)
-    assert status == 200
-    assert headers["Content-Type"].startswith("text/event-stream")
-    assert raw.rstrip().endswith(b"data: [DONE]")
+    relayed_json(*await post(proxy, "/v1/completions", json=JSON))
 
 
 async def test_the_refusal_is_decided_before_the_version_gate(make_proxy: MakeProxy) -> None:
@@ -93,15 +105,15 @@ async def test_allow_and_deny_lists(
         headers["Authorization"] = f"Bearer {key}"
     if client is not None:
         headers["X-Client"] = client
-    status, _, raw = await post(proxy, "/v1/completions", json=CODEC, headers=headers)
+    status, response_headers, raw = await post(
+        proxy, "/v1/completions", json=CODEC, headers=headers
+    )
     if allowed:
-        assert status == 200
-        assert frames_of(raw, "msgpack")[-1].done
+        served_codec(status, response_headers, raw)
     else:
         refused(status, raw)
         assert upstream.requests == []
-    status, _, _ = await post(proxy, "/v1/completions", json=JSON, headers=headers)
-    assert status == 200  # JSON, allowed or not
+    relayed_json(*await post(proxy, "/v1/completions", json=JSON, headers=headers))
 
 
 async def test_one_model_off_leaves_the_others_on(
@@ -116,10 +128,8 @@ async def test_one_model_off_leaves_the_others_on(
     proxy = await make_proxy(upstream=(), tokenizer=None, models=models)
     status, _, raw = await post(proxy, "/v1/completions", json={**CODEC, "model": "off"})
     assert "'off'" in refused(status, raw)["message"]
-    status, _, _ = await post(proxy, "/v1/completions", json={**CODEC, "model": "on"})
-    assert status == 200
-    status, _, _ = await post(proxy, "/v1/completions", json={**JSON, "model": "off"})
-    assert status == 200
+    served_codec(*await post(proxy, "/v1/completions", json={**CODEC, "model": "on"}))
+    relayed_json(*await post(proxy, "/v1/completions", json={**JSON, "model": "off"}))
     async with proxy.get("/metrics") as resp:
         text = await resp.text()
     assert 'codec_proxy_codec_refused_total{model="off",reason="codec_not_enabled"} 1.0' in text

@@ -7,11 +7,15 @@ rules, prompts and tokens never become labels.
 With several workers (`--workers N`) every worker writes its samples to files in a directory the
 supervisor shares (prometheus_client's multiprocess mode, `PROMETHEUS_MULTIPROC_DIR`), and
 whichever worker answers `/metrics` aggregates all of them, so the numbers are the machine's,
-not one worker's.
+not one worker's. A worker creates its file of a kind of metric when it first needs it (at
+start, or at its first request for histograms), and the file is empty for an instant before
+prometheus_client sizes it: `/metrics` leaves such a file out (it holds no sample yet) instead of
+failing on it, as prometheus_client's own collector does.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterable
 
@@ -25,6 +29,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import multiprocess as prometheus_multiprocess
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Seconds. Time to first token spans loopback (sub-ms) to long prefills (minutes).
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -37,6 +43,34 @@ _OVERHEAD_BUCKETS = (
 
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+# A samples file starts with 4 bytes saying how much of it is used, then 4 of padding.
+_SAMPLES_HEADER = 8
+
+
+class WorkersCollector(Collector):
+    """Every worker's samples in `path`, merged as prometheus_client's MultiProcessCollector
+    merges them, from the files their workers have finished creating."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def collect(self) -> Iterable[Metric]:
+        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _created(f)]
+        merged: Iterable[Metric] = prometheus_multiprocess.MultiProcessCollector.merge(
+            files, accumulate=True
+        )
+        return merged
+
+
+def _created(path: str) -> bool:
+    """Whether a samples file has its header: between its creation and prometheus_client
+    sizing it, it is empty (files never shrink; a dead worker's live gauges are removed)."""
+    try:
+        return os.stat(path).st_size >= _SAMPLES_HEADER
+    except FileNotFoundError:
+        return False
 
 
 class Metrics:
@@ -233,9 +267,10 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition for `/metrics`, across all workers when there are several."""
-        if multiprocess_dir():
+        path = multiprocess_dir()
+        if path:
             registry = CollectorRegistry()
-            prometheus_multiprocess.MultiProcessCollector(registry)
+            registry.register(WorkersCollector(path))
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
