@@ -30,6 +30,10 @@ from proxy.core.wire.frames import Frame
 
 
 class ResponseBody(Protocol):
+    # Every chunk comes back as it was fed, and the body ends with the upstream's: the edge
+    # may skip `feed` on its steady path (pass-through, the bulk of a relay's traffic).
+    passes_through: bool
+
     @property
     def ready(self) -> bool:
         """The response can start: enough is known to send its status and headers."""
@@ -58,6 +62,8 @@ class RelayedBody:
     """Bytes as received: the pass-through relay."""
 
     __slots__ = ("ready",)
+
+    passes_through = True
 
     def __init__(self) -> None:
         self.ready = False
@@ -89,6 +95,8 @@ class PolicedJsonBody(RelayedBody):
 
     __slots__ = ("_policer",)
 
+    passes_through = False
+
     def __init__(self, policer: JsonStreamPolicer) -> None:
         super().__init__()
         self._policer = policer
@@ -115,6 +123,8 @@ class CodecBody:
     """Codec frames of the upstream's stream, as this client may receive them."""
 
     __slots__ = ("_guard", "_started", "_verification", "_verifier", "_writer")
+
+    passes_through = False
 
     def __init__(
         self, guard: StreamGuard, writer: BodyWriter, verifier: StreamVerifier | None = None

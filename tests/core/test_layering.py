@@ -44,6 +44,12 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 }
 
 
+# The edge's groups, in the order imports may run: each may use the groups before it. The data
+# plane knows nothing of models, routes or configuration; the control plane decides and hands
+# it a StreamContext (docs/ARCHITECTURE.md, "Two planes").
+SERVER_GROUPS: tuple[str, ...] = ("telemetry", "data", "models", "control", "process")
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -105,6 +111,31 @@ def layering_violations() -> list[str]:
     return found
 
 
+def server_group(name: str) -> str | None:
+    """The edge group a module belongs to (`telemetry`, `data`, ...); None outside them."""
+    parts = name.split(".")
+    if parts[:2] != ["proxy", "server"] or len(parts) < 4:
+        return None
+    return parts[2]
+
+
+def server_violations() -> list[str]:
+    found = []
+    for name in MODULES:
+        own = server_group(name)
+        if own is None:
+            continue
+        for line, target in imports_of(name):
+            other = server_group(target)
+            if other is None:
+                if target.startswith("proxy.server.") and target != "proxy.server":
+                    found.append(f"{name}:{line} imports {target}, which is in no group")
+                continue
+            if SERVER_GROUPS.index(other) > SERVER_GROUPS.index(own):
+                found.append(f"{name}:{line} imports {target}: {own} may not use {other}")
+    return found
+
+
 def import_cycles() -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     graph = {name: sorted({target for _, target in imports_of(name)}) for name in MODULES}
@@ -148,6 +179,34 @@ def test_every_core_module_belongs_to_a_known_stage() -> None:
 
 def test_core_imports_run_down_the_stages() -> None:
     assert layering_violations() == []
+
+
+def test_every_server_module_is_in_a_group() -> None:
+    loose = [
+        name
+        for name in MODULES
+        if name.startswith("proxy.server.")
+        and server_group(name) is None
+        and name not in ("proxy.server.app", *(f"proxy.server.{g}" for g in SERVER_GROUPS))
+    ]
+    assert loose == []
+    assert {server_group(name) for name in MODULES} - {None} == set(SERVER_GROUPS)
+
+
+def test_server_imports_run_from_telemetry_to_process() -> None:
+    assert server_violations() == []
+
+
+def test_the_server_check_sees_an_upward_import(monkeypatch) -> None:
+    real = imports_of
+
+    def planted(name: str) -> Iterator[tuple[int, str]]:
+        yield from real(name)
+        if name == "proxy.server.data.stream":
+            yield 1, "proxy.server.models.live"
+
+    monkeypatch.setitem(globals(), "imports_of", planted)
+    assert any("data may not use models" in v for v in server_violations())
 
 
 def test_no_module_of_proxy_takes_part_in_an_import_cycle() -> None:

@@ -112,6 +112,7 @@ class ResponseStream:
         "_gaps",
         "_last_write",
         "_loop",
+        "_passes",
         "_pending_end",
         "_pending_error",
         "_phase",
@@ -121,6 +122,7 @@ class ResponseStream:
         "_tail",
         "_timed",
         "_transport",
+        "_transport_write",
         "_write_timer",
         "bytes_out",
         "head",
@@ -132,6 +134,7 @@ class ResponseStream:
         self._exchange = exchange
         self._body = body
         self._feed = body.feed
+        self._passes = body.passes_through
         self._context = context
         self._timed = timed  # the body's mean cost per chunk is measured (Codec bodies)
         self._loop = loop = asyncio.get_running_loop()
@@ -150,6 +153,7 @@ class ResponseStream:
         self._write_timer: asyncio.TimerHandle | None = None
         self._client: ProxyProtocol | None = None
         self._transport: asyncio.Transport | None = None
+        self._transport_write: Callable[[bytes], object] = _nowhere
         self._framer: BodyFramer | None = None
         self._chunked = False
         self._gaps = LocalHistogram(context.metrics.inter_token_gap.labels(context.mode))
@@ -161,9 +165,15 @@ class ResponseStream:
     # --- the upstream's body (BodySink) ----------------------------------------------------------
 
     def on_data(self, data: bytes) -> None:
-        phase = self._phase
+        if self._phase is not _Phase.STREAMING:
+            self._on_data_before_streaming(data)
+            return
+        # The steady path, once per upstream chunk: kept to one Python frame (the write and its
+        # accounting inline), since it runs for every token of every stream.
         try:
-            if phase is _Phase.STREAMING:
+            if self._passes:
+                out = data
+            else:
                 if self._timed:
                     started = time.perf_counter()
                     out = self._feed(data, self._loop.time())
@@ -173,11 +183,30 @@ class ResponseStream:
                     out = self._feed(data, self._loop.time())
                 if self._body.done:
                     self._end_whole(out)
-                elif out:
-                    self._write(out)
-                elif self._deadline_timer is None:
-                    self._arm_deadline()  # frames wait for their flush window
-            elif phase is _Phase.BEFORE:
+                    return
+                if not out:
+                    if self._deadline_timer is None:
+                        self._arm_deadline()  # frames wait for their flush window
+                    return
+            if self._chunked:
+                self._transport_write(b"%x\r\n%b\r\n" % (len(out), out))
+            else:
+                self._write_framed(out)
+            self.bytes_out += len(out)
+            now = self._loop.time()
+            last = self._last_write
+            self._last_write = now
+            if last is None:
+                self._first_write()
+            else:
+                self._gaps.observe(now - last)
+        except Exception as exc:
+            self._crashed(exc)
+
+    def _on_data_before_streaming(self, data: bytes) -> None:
+        try:
+            phase = self._phase
+            if phase is _Phase.BEFORE:
                 self._before_ready(data)
             elif phase is _Phase.READY:
                 # What arrives while the response is being started is fed chunk by chunk
@@ -286,6 +315,8 @@ class ResponseStream:
             raise TypeError("streams are served on codec-proxy's own connections (ProxyRunner)")
         self._client = protocol
         self._transport = transport
+        if transport is not None:
+            self._transport_write = transport.write
         if self._end is None:
             self._phase = _Phase.STREAMING
             protocol.listener = self
@@ -425,17 +456,21 @@ class ResponseStream:
                 self._exchange.resume_reading()
 
     def _write(self, data: bytes) -> None:
-        transport = self._transport
-        if transport is None:
+        """Write body bytes outside the steady path (a flush deadline, the rest of a first
+        read), framed and accounted like `on_data` does inline."""
+        if self._transport is None:
             return
         if self._chunked:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self._transport_write(b"%x\r\n%b\r\n" % (len(data), data))
         else:
-            framer = self._framer
-            framed = framer.frame(data) if framer is not None else data
-            if framed:
-                transport.write(framed)
+            self._write_framed(data)
         self._accounted(len(data))
+
+    def _write_framed(self, data: bytes) -> None:
+        framer = self._framer
+        framed = framer.frame(data) if framer is not None else data
+        if framed:
+            self._transport_write(framed)
 
     def _accounted(self, size: int) -> None:
         self.bytes_out += size
@@ -443,12 +478,15 @@ class ResponseStream:
         last = self._last_write
         self._last_write = now
         if last is None:
-            context = self._context
-            record = context.record
-            record.ttft = time.monotonic() - record.started
-            context.metrics.ttft.labels(context.mode, context.model).observe(record.ttft)
+            self._first_write()
         else:
             self._gaps.observe(now - last)
+
+    def _first_write(self) -> None:
+        context = self._context
+        record = context.record
+        record.ttft = time.monotonic() - record.started
+        context.metrics.ttft.labels(context.mode, context.model).observe(record.ttft)
 
     def _end_whole(self, tail: bytes) -> None:
         """The body is whole: its last bytes go out with its end marker."""
@@ -559,6 +597,10 @@ class ResponseStream:
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
+
+
+def _nowhere(data: bytes) -> None:
+    """Where body bytes go before the client's transport is known: nowhere (never called)."""
 
 
 def _before_response(exc: Exception) -> ProxyError:

@@ -110,6 +110,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_keep_alive",
         "_loop",
         "_on_closed",
+        "_on_data",
         "_parser",
         "_pending",
         "_reason",
@@ -138,6 +139,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._body_until_close = False
         self._request_written = False
         self._sink: BodySink | None = None
+        self._on_data: Callable[[bytes], None] | None = None  # the sink's, looked up once
         self._pending: list[bytes] = []
         self._ended = False
         self._error: Exception | None = None
@@ -270,9 +272,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.received += len(body)
-        sink = self._sink
-        if sink is not None:
-            sink.on_data(body)
+        on_data = self._on_data
+        if on_data is not None:
+            on_data(body)
         elif self._state is _State.BODY:
             self._pending.append(body)
 
@@ -311,7 +313,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_request = head_only
         self._head_bytes = 0
         self._request_written = False
-        self._sink = None
+        self._set_sink(None)
         self._pending = []
         self._ended = False
         self._error = None
@@ -339,7 +341,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def attach(self, sink: BodySink) -> None:
         """From now on the body goes to `sink`; what came before is delivered at once."""
-        self._sink = sink
+        self._set_sink(sink)
         pending, self._pending = self._pending, []
         for chunk in pending:
             if self._sink is not sink:
@@ -353,7 +355,7 @@ class UpstreamConnection(asyncio.Protocol):
             sink.on_end()
 
     def detach(self) -> None:
-        self._sink = None
+        self._set_sink(None)
 
     def pause_reading(self) -> None:
         transport = self._transport
@@ -374,7 +376,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Abort now, unread bytes and all: the backend sees the connection go at once."""
-        self._sink = None
+        self._set_sink(None)
         if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
 
@@ -384,7 +386,7 @@ class UpstreamConnection(asyncio.Protocol):
     def released(self) -> None:
         """The response was read to its end and the connection goes back to the pool."""
         self._state = _State.IDLE
-        self._sink = None
+        self._set_sink(None)
         self.resume_reading()  # idle: a close by the upstream must be seen
 
     # --- internal --------------------------------------------------------------------------------
@@ -409,6 +411,10 @@ class UpstreamConnection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
 
+    def _set_sink(self, sink: BodySink | None) -> None:
+        self._sink = sink
+        self._on_data = None if sink is None else sink.on_data
+
     def _deliver_end(self) -> None:
         sink = self._sink
         if sink is None:
@@ -421,7 +427,8 @@ class UpstreamConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
             return
-        sink, self._sink = self._sink, None
+        sink = self._sink
+        self._set_sink(None)
         if sink is None:
             self._error = exc
         else:
