@@ -414,6 +414,17 @@ class Settings:
     log_format: Literal["json", "text"] = option("json", help="access and event log format")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = option("INFO", help="log level")
 
+    # --- traces (docs/DEPLOY.md "Traces"); the other OTEL_* variables configure the rest ---
+    # vLLM's flag has this name. The standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and
+    # OTEL_EXPORTER_OTLP_ENDPOINT turn traces on too (proxy/server/telemetry/tracing.py).
+    otlp_traces_endpoint: str | None = option(
+        None,
+        help="export OpenTelemetry traces over OTLP/HTTP to this URL (a bare collector URL gets "
+        "/v1/traces); unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+        "if set, else no traces",
+        url=True,
+    )
+
     def __post_init__(self) -> None:
         # One URL where a list is expected is a list of one (Settings(upstream="http://...")).
         upstream: object = self.upstream

@@ -37,6 +37,8 @@ from proxy.server.models.served_models import (
 from proxy.server.process.reload import ON_RELOAD, install_reloads
 from proxy.server.telemetry.metrics import METRICS, Metrics
 from proxy.server.telemetry.record import echo_request_id
+from proxy.server.telemetry.traces import echo_trace
+from proxy.server.telemetry.tracing import TRACING, Tracing, tracing_config
 from proxy.settings import Settings
 
 
@@ -72,6 +74,8 @@ def create_app(
     settings say); its tokenizer map declares them (`zstd_dictionaries[]`). Raises
     TokenizerLoadError, TokenizerMapError, DictionaryError or ConfigError.
     """
+    # Before the tokenizers load: an OTEL_* variable the proxy cannot follow fails at once.
+    traces = tracing_config(settings.otlp_traces_endpoint)
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
     live = build_live(settings, {model.name: model.vocabulary for model in served})
     # Outermost first: the request's configuration snapshot; every request is recorded;
@@ -111,6 +115,11 @@ def create_app(
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
     app.on_response_prepare.append(echo_request_id)
+    if traces is not None:
+        # Started first, so that it is shut down last: after the streams and their upstreams.
+        tracing = app[TRACING] = Tracing(traces)
+        app.cleanup_ctx.append(tracing.context)
+        app.on_response_prepare.append(echo_trace)
     # The one place the header floors are applied (server/control/versioning.py).
     app.on_response_prepare.append(strip_withheld_headers)
 

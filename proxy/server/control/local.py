@@ -14,7 +14,9 @@ from proxy.server.telemetry.metrics import METRICS
 
 # What `GET /codec/schema` serves: the proto3 schema of exactly what is emitted.
 SCHEMA_TEXT = web.AppKey("schema_text", str)
-LOCAL_PATHS = ("/livez", "/readyz", "/metrics", "/codec/schema")
+# Asked every few seconds by orchestrators and Prometheus: never traced (control/observe.py).
+PROBE_PATHS = ("/livez", "/readyz", "/metrics")
+LOCAL_PATHS = (*PROBE_PATHS, "/codec/schema")
 
 
 async def livez(request: web.Request) -> web.Response:

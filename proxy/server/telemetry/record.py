@@ -31,6 +31,8 @@ class RequestRecord:
     route: str
     # The client's `X-Request-Id`, when it sent one fit for logs and headers.
     client_request_id: str | None = None
+    # The request's trace (32 hex digits), when traces are exported (telemetry/tracing.py).
+    trace_id: str | None = None
     started: float = field(default_factory=time.monotonic)
     mode: str = "local"  # codec | passthrough | local (answered by the proxy itself)
     stream_format: str | None = None
