@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from proxy.core.wire.decoder import FrameDecoder
-from tests.server.conftest import MakeProxy
+from tests.otlp_receiver import OtlpReceiver
+from tests.server.conftest import AiohttpServer, MakeProxy
 
 EVENTS = 300
 PACE_SECONDS = 0.003  # apart enough that most events are a read of their own
@@ -242,3 +243,32 @@ async def test_the_counts_see_a_coroutine_per_event(counts: Counts) -> None:
         await asyncio.sleep(0)
     await consumer
     assert counts.scheduled - before >= EVENTS
+
+
+async def test_with_traces_on_a_relayed_event_is_still_one_callback(
+    make_proxy: MakeProxy,
+    paced_upstream: PacedUpstream,
+    counts: Counts,
+    aiohttp_server: AiohttpServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spans are per request and per upstream attempt (tests/server/test_tracing.py): every
+    request sampled, an event costs what it costs without them."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    receiver = OtlpReceiver()
+    collector = await aiohttp_server(receiver.app())
+    proxy = await make_proxy(
+        upstream=(paced_upstream.url,),
+        health_interval=3600.0,
+        otlp_traces_endpoint=str(collector.make_url("/v1/traces")),
+    )
+    assert proxy.port is not None
+    payload = {"prompt": "Hi", "stream_format": "msgpack"}
+    window = await asyncio.to_thread(stream_through(proxy.host, proxy.port, payload, counts))
+    frames = FrameDecoder("msgpack").feed(window.body)
+    assert sum(f.done for f in frames) == 1
+    assert window.io_events >= EVENTS // 2
+    assert window.scheduled <= 10, window
+    assert window.timers <= 5, window
+    await proxy.close()  # its spans are exported as it stops
+    assert {s.kind for s in receiver.spans} == {"server", "client"}

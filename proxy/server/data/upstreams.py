@@ -250,7 +250,7 @@ class UpstreamPool:
                 exchange.end()
                 exchange.upstream.outstanding -= 1
                 if attempt is not None:
-                    attempt.ended(exchange.bytes_in)
+                    attempt.ended()
         finally:
             budget.give_back()
 

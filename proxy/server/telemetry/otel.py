@@ -8,7 +8,8 @@ given its parent, so a request's trace cannot leak into another's.
 Attribute names follow the OpenTelemetry semantic conventions, HTTP (`http.*`, `url.*`,
 `server.*`, `error.type`) and GenAI (`gen_ai.*`), and Codec's own are under `codec.`. Values
 come from what the request already accounted (its `RequestRecord`, the Codec stream's outcome),
-at its end.
+and are given to a span once, at its end: each call into a span takes its lock and checks every
+value again.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class _RequestTrace(RequestTrace):
         self._operation: str | None = None
         self._model: str | None = None
         self._error: str | None = None
+        self._attributes: Attributes = {}  # told before the end, given to the span with it
         context = span.get_span_context()
         self.trace_id = trace_api.format_trace_id(context.trace_id)
         span_id = trace_api.format_span_id(context.span_id)
@@ -123,27 +125,21 @@ class _RequestTrace(RequestTrace):
 
     def generation(self, operation: str, model: str | None) -> None:
         self._operation = operation
-        self._model = None if model is None else model[:_MODEL_CHARS]
-        span = self._span
-        if span.is_recording():
-            span.set_attribute("gen_ai.operation.name", operation)
-            if self._model is not None:
-                span.set_attribute("gen_ai.request.model", self._model)
+        self._attributes["gen_ai.operation.name"] = operation
+        if model is not None:
+            self._model = self._attributes["gen_ai.request.model"] = model[:_MODEL_CHARS]
 
     def refused(self, reason: str) -> None:
-        self._span.set_attribute("codec.refusal", reason)
+        self._attributes["codec.refusal"] = reason
 
     def error(self, code: str) -> None:
-        self._error = code
-        self._span.set_attribute("codec.error_code", code)
+        self._error = self._attributes["codec.error_code"] = code
 
     def codec_stream(
         self, outcome: StreamOutcome | None, token_source: str, verification: str | None
     ) -> None:
-        span = self._span
-        if not span.is_recording():
-            return
-        attributes: Attributes = {"codec.token_source": token_source}
+        attributes = self._attributes
+        attributes["codec.token_source"] = token_source
         if verification is not None:
             attributes["codec.verification"] = verification
         if outcome is not None:
@@ -158,7 +154,6 @@ class _RequestTrace(RequestTrace):
                 if usage.prompt_tokens is not None:
                     attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
             attributes["gen_ai.usage.output_tokens"] = output
-        span.set_attributes(attributes)
 
     def end(self, record: RequestRecord) -> None:
         span = self._span
@@ -173,15 +168,14 @@ class _RequestTrace(RequestTrace):
 
     def _final(self, record: RequestRecord) -> tuple[Attributes, bool]:
         status = record.status
-        attributes: Attributes = {
-            "codec.request_id": record.id,
-            "codec.mode": record.mode,
-            "codec.outcome": record.outcome,
-        }
+        attributes = self._attributes
+        # The id the client got back (`X-Request-Id`): what a user who saw a failure can give.
+        attributes["codec.request_id"] = record.forwarded_id
+        attributes["codec.mode"] = record.mode
+        attributes["codec.outcome"] = record.outcome
         if status:
             attributes["http.response.status_code"] = status
         optional = (
-            ("codec.client_request_id", record.client_request_id),
             ("codec.model", record.model),
             ("codec.stream_format", record.stream_format),
             ("codec.content_coding", record.encoding),
@@ -209,13 +203,10 @@ class _Attempt(UpstreamAttempt):
     def __init__(self, span: Span, fields: tuple[tuple[str, str], ...]) -> None:
         self._span = span
         self.fields = fields
+        self._status = 0
 
     def answered(self, status: int) -> None:
-        span = self._span
-        span.set_attribute("http.response.status_code", status)
-        if status >= 400:  # a client span's error (the HTTP conventions)
-            span.set_attribute("error.type", str(status))
-            span.set_status(_ERROR)
+        self._status = status
 
     def failed(self, error: BaseException) -> None:
         span = self._span
@@ -223,9 +214,15 @@ class _Attempt(UpstreamAttempt):
         span.set_status(_ERROR)
         span.end()
 
-    def ended(self, received: int) -> None:
+    def ended(self) -> None:
+        # What was received is the server span's `codec.upstream_bytes`.
         span = self._span
-        span.set_attribute("http.response.body.size", received)
+        status = self._status
+        if status >= 400:  # a client span's error (the HTTP conventions)
+            span.set_attributes({"http.response.status_code": status, "error.type": str(status)})
+            span.set_status(_ERROR)
+        else:
+            span.set_attribute("http.response.status_code", status)
         span.end()
 
 

@@ -51,8 +51,8 @@ class UpstreamAttempt(ABC):
         """The attempt failed before a response head (it is retried, or the request fails)."""
 
     @abstractmethod
-    def ended(self, received: int) -> None:
-        """The exchange is over, having received `received` body bytes."""
+    def ended(self) -> None:
+        """The exchange is over."""
 
 
 class RequestTrace(ABC):
