@@ -12,6 +12,7 @@ from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.endpoints import CHAT, CODEC_REQUEST_PATH, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
+from proxy.otlp import tracing_config
 from proxy.server.control import local, model_list, well_known
 from proxy.server.control.auth import api_key_middleware
 from proxy.server.control.errors import error_middleware
@@ -38,7 +39,7 @@ from proxy.server.process.reload import ON_RELOAD, install_reloads
 from proxy.server.telemetry.metrics import METRICS, Metrics
 from proxy.server.telemetry.record import echo_request_id
 from proxy.server.telemetry.traces import echo_trace
-from proxy.server.telemetry.tracing import TRACING, Tracing, tracing_config
+from proxy.server.telemetry.tracing import TRACING, Tracing
 from proxy.settings import Settings
 
 
@@ -74,7 +75,7 @@ def create_app(
     settings say); its tokenizer map declares them (`zstd_dictionaries[]`). Raises
     TokenizerLoadError, TokenizerMapError, DictionaryError or ConfigError.
     """
-    # Before the tokenizers load: an OTEL_* variable the proxy cannot follow fails at once.
+    # Before the tokenizers load (the CLI has checked it before the workers start).
     traces = tracing_config(settings.otlp_traces_endpoint)
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
     live = build_live(settings, {model.name: model.vocabulary for model in served})

@@ -18,11 +18,12 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from proxy.cli import build_parser, check_config
 from proxy.core.backend.readiness import Check
 from proxy.core.errors import ConfigError
 from proxy.core.wire.decoder import FrameDecoder
+from proxy.otlp import TracingConfig, tracing_config
 from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
-from proxy.server.telemetry.tracing import TracingConfig, tracing_config
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
@@ -148,6 +149,22 @@ def test_what_the_proxy_cannot_export_fails_at_start(environ: dict[str, str], me
     configured = None if "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in environ else "http://c:4318"
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tracing_config(configured, environ)
+
+
+def test_the_check_before_start_refuses_what_the_proxy_cannot_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once, before any worker starts: a worker failing on it would only be restarted."""
+    file = tmp_path / "c.toml"
+    file.write_text(
+        f'upstream = "http://x"\ntokenizer = "{tmp_path}"\n'
+        'otlp_traces_endpoint = "http://collector:4318"\n'
+    )
+    args = build_parser().parse_args(["check-config", str(file)])
+    assert check_config(args) == 0
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert check_config(args) == 2
+    assert "traces are exported over OTLP/HTTP only" in capsys.readouterr().err
 
 
 def test_off_nothing_of_opentelemetry_is_imported(smollm2_gguf: Path) -> None:
