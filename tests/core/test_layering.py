@@ -41,6 +41,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         {"errors", "shown", "wire", "http", "stream", "compression", "safety", "guard", "verify"}
     ),
     "endpoints": frozenset({"errors", "shown", "wire", "http", "stream", "safety"}),
+    # Codec frames back to OpenAI JSON: the frame decoder, the published map's bytes (verify's
+    # MapDecoder), a Codec body's content coding undone (compression's decompressors).
+    "render": frozenset({"errors", "shown", "wire", "compression", "verify"}),
 }
 
 

@@ -40,3 +40,31 @@ def codec_finish_reason(finish_reason: str, stop_reason: str | int | None = None
             return EOS_TOKEN
         case _:
             return ERROR
+
+
+# OpenAI's words (the `finish_reason` of a chunk or a choice).
+OPENAI_LENGTH = "length"
+OPENAI_STOP = "stop"
+OPENAI_CONTENT_FILTER = "content_filter"
+OPENAI_TOOL_CALLS = "tool_calls"
+
+
+def openai_finish_reason(reason: str | None, *, chat: bool) -> str | None:
+    """The OpenAI word for a Codec stream's end, the other way from `codec_finish_reason`.
+
+    None for `error` and for any word this table does not know: the spec's rule for unknown
+    values of the open enum is to treat them as `error` (codec-spec.md §2). `stop` is what the
+    engine forks send for both end-of-sequence and a stop string (interop.md §0.6). A turn that
+    ended in tool calls is `tool_calls` in a chat; a completion has no calls, so it stopped.
+    """
+    match reason:
+        case "length":
+            return OPENAI_LENGTH
+        case "eos_token" | "stop_sequence" | "stop":
+            return OPENAI_STOP
+        case "policy_violation":
+            return OPENAI_CONTENT_FILTER
+        case "tool_call":
+            return OPENAI_TOOL_CALLS if chat else OPENAI_STOP
+        case _:
+            return None
