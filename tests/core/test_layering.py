@@ -2,10 +2,11 @@
 
     errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
        ↖           ↙                     ↖                                    ↙
-          backend                           verify
+          backend                           verify ← render
     (http: the upstream body asks each kind of backend in its own field; verify: the published
-    map's decoder and a sampled stream's verdict, which a Codec body keeps; `shown`, how a
-    message shows a value it did not choose, is beside `errors`, below every stage)
+    map's decoder and a sampled stream's verdict, which a Codec body keeps; render: frames back
+    to OpenAI JSON with that decoder and compression's decompressors; `shown`, how a message
+    shows a value it did not choose, is beside `errors`, below every stage)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
 imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
