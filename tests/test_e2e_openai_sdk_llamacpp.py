@@ -167,11 +167,15 @@ def transport_for(mode: Mode, **options: Any) -> CodecTransport | AsyncCodecTran
 
 def figures(transport: CodecTransport | AsyncCodecTransport, json_bytes: int) -> dict[str, Any]:
     stats = transport.stats
+    tokens = max(stats.codec_tokens, 1)
     return {
         "streams": stats.codec_responses,
+        "tokens": stats.codec_tokens,
         "codec_wire_bytes": stats.codec_wire_bytes,
         "rendered_json_sse_bytes": stats.rendered_bytes,
         "json_wire_bytes": json_bytes,
+        "codec_bytes_per_token": round(stats.codec_wire_bytes / tokens, 2),
+        "json_bytes_per_token": round(json_bytes / tokens, 1),
         "json_over_codec": round(json_bytes / max(stats.codec_wire_bytes, 1), 1),
     }
 

@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 try:
     import anyio
@@ -51,6 +51,8 @@ from proxy.sdk.plan import (
 
 __all__ = ["AsyncCodecTransport", "CodecStats", "CodecTransport"]
 
+# The formats asked for; `msgpack-delta` is larger than msgpack (docs/ENDPOINTS.md).
+AskedFormat = Literal["msgpack", "protobuf"]
 _MEDIA_TYPES: Final = {"msgpack": "application/x-msgpack", "protobuf": "application/x-protobuf"}
 # Every coding the renderer's body decodes; the proxy picks the one smallest for its flush
 # schedule among them (proxy/core/http/content_coding.py), zstd only with a dictionary.
@@ -77,15 +79,17 @@ class CodecStats:
 
     codec_responses: int = 0
     json_responses: int = 0
+    codec_tokens: int = 0  # token IDs the Codec answers carried
     codec_wire_bytes: int = 0
     rendered_bytes: int = 0
     json_wire_bytes: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def _codec(self, wire: int, rendered: int) -> None:
+    def _codec(self, tokens: int, wire: int, rendered: int) -> None:
         with self._lock:
             self.codec_responses += 1
+            self.codec_tokens += tokens
             self.codec_wire_bytes += wire
             self.rendered_bytes += rendered
 
@@ -113,7 +117,7 @@ class _CodecTransportBase:
     def __init__(
         self,
         *,
-        stream_format: FrameFormat = "protobuf",
+        stream_format: AskedFormat = "protobuf",
         accept_encoding: str = DEFAULT_ACCEPT_ENCODING,
         remember_seconds: float = DEFAULT_REMEMBER_SECONDS,
         assets: CodecAssets | None = None,
@@ -237,7 +241,7 @@ class CodecTransport(_CodecTransportBase, httpx.BaseTransport):
         self,
         transport: httpx.BaseTransport | None = None,
         *,
-        stream_format: FrameFormat = "protobuf",
+        stream_format: AskedFormat = "protobuf",
         accept_encoding: str = DEFAULT_ACCEPT_ENCODING,
         remember_seconds: float = DEFAULT_REMEMBER_SECONDS,
         assets: CodecAssets | None = None,
@@ -338,7 +342,7 @@ class AsyncCodecTransport(_CodecTransportBase, httpx.AsyncBaseTransport):
         self,
         transport: httpx.AsyncBaseTransport | None = None,
         *,
-        stream_format: FrameFormat = "protobuf",
+        stream_format: AskedFormat = "protobuf",
         accept_encoding: str = DEFAULT_ACCEPT_ENCODING,
         remember_seconds: float = DEFAULT_REMEMBER_SECONDS,
         assets: CodecAssets | None = None,
@@ -480,7 +484,7 @@ class _RenderedStream(httpx.SyncByteStream):
         if not self._closed:
             self._closed = True
             self._response.close()
-            self._stats._codec(self._body.wire_bytes, self._rendered)
+            self._stats._codec(self._body.tokens, self._body.wire_bytes, self._rendered)
 
 
 class _AsyncRenderedStream(httpx.AsyncByteStream):
@@ -506,7 +510,7 @@ class _AsyncRenderedStream(httpx.AsyncByteStream):
         if not self._closed:
             self._closed = True
             await self._response.aclose()
-            self._stats._codec(self._body.wire_bytes, self._rendered)
+            self._stats._codec(self._body.tokens, self._body.wire_bytes, self._rendered)
 
 
 class _CountedStream(httpx.SyncByteStream):

@@ -234,6 +234,7 @@ async def test_usage_counts_the_ids(
     assert tokens > 0
     assert codec["usage"].prompt_tokens == 0  # not on the wire (docs/CLIENTS.md)
     assert codec["usage"].total_tokens == tokens
+    assert transport.stats.codec_tokens == tokens
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -55,6 +55,9 @@ class Renderer(Protocol):
     @property
     def done(self) -> bool: ...
 
+    @property
+    def tokens(self) -> int: ...
+
     def feed(self, frames: Iterable[Frame]) -> bytes: ...
 
     def flush(self) -> bytes: ...
@@ -84,6 +87,11 @@ class RenderedBody:
     @property
     def done(self) -> bool:
         return self._renderer.done
+
+    @property
+    def tokens(self) -> int:
+        """IDs received so far."""
+        return self._renderer.tokens
 
     def feed(self, data: bytes) -> bytes:
         self.wire_bytes += len(data)

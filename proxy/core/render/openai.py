@@ -110,7 +110,7 @@ class SseRenderer:
         return self._turn.tokens
 
     def feed(self, frames: Iterable[Frame]) -> bytes:
-        """The chunks these frames complete (the chat's role chunk with the first call)."""
+        """The chunks these frames complete; a chat's role chunk leads the first bytes out."""
         return self._write(self._turn.feed(frames))
 
     def flush(self) -> bytes:
@@ -211,6 +211,10 @@ class CompletionRenderer:
     @property
     def done(self) -> bool:
         return self._written
+
+    @property
+    def tokens(self) -> int:
+        return self._turn.tokens
 
     @property
     def error(self) -> str | None:

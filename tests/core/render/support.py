@@ -34,6 +34,11 @@ STREAM_CAPTURES = (
 TOOL_CALLS = "vllm-chat-tool-calls-synthetic.txt"
 
 
+def reports_ids(name: str) -> bool:
+    """Whether the capture carries the backend's IDs (llama.cpp `logprobs`, vLLM `token_ids`)."""
+    return any(mark in name for mark in ("-logprobs", "-token-ids", "-synthetic"))
+
+
 def is_chat(name: str) -> bool:
     return "-chat" in name
 

@@ -101,6 +101,7 @@ def test_every_split_point_renders_as_the_frames_themselves(
         sse = rendered.feed(body[:cut]) + rendered.feed(body[cut:]) + rendered.flush()
         assert summary(sse) == expected, cut
         assert rendered.wire_bytes == len(body)
+        assert rendered.tokens == sum(len(frame.ids) for frame in frames)
         assert rendered.done
 
 

@@ -19,6 +19,7 @@ from tests.core.render.support import (
     STREAM_CAPTURES,
     TOOL_CALLS,
     is_chat,
+    reports_ids,
     source_of,
     transcoded,
     upstream_finish,
@@ -58,6 +59,8 @@ def test_captured_streams_render_to_the_upstreams_text(
 ) -> None:
     batches = transcoded(smollm2_vocabulary, name, mode)
     backend = source_of(smollm2_vocabulary, name, mode) == "backend"
+    # In auto mode the frames carry the backend's own IDs wherever the capture reports them.
+    assert backend == (mode == "auto" and reports_ids(name))
     pieces = read(smollm2_map, batches, chat=is_chat(name), rules=TextRules(backend_ids=backend))
     # Reasoning is text on the wire too (docs/ENDPOINTS.md): it renders as content.
     assert text_of(pieces) == upstream_text(name)
