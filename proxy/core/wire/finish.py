@@ -1,8 +1,9 @@
-"""Map an OpenAI `finish_reason` to the Codec vocabulary (codec-spec.md §2).
+"""`finish_reason` between OpenAI's words and the Codec vocabulary (codec-spec.md §2).
 
 The spec enum is open (`length`, `eos_token`, `stop_sequence`, `error`, `policy_violation`);
 engines pass their own words through (`stop`, `abort`, ...). Clients treat values they do not
-know as `error`, so we only ever send spec words.
+know as `error`, so we only ever send spec words; and reading a stream back to OpenAI JSON
+(proxy/core/render/), that is what we do with them.
 """
 
 from __future__ import annotations
