@@ -148,7 +148,7 @@ async def test_ids_a_corrupting_upstream_slips_in_are_caught(
     upstream: FakeUpstream,
 ) -> None:
     """A replay that reports an ID in a chunk with no text: the backend-ID check must send it
-    where it was reported (a tool-call region or a held-back stop string looks just so), so
+    where it was reported (a tool-call region looks just so), so
     only a client-side decode of what was sent can tell that it is text nobody streamed."""
     banana = smollm2_vocabulary.loaded.tokenizer.encode(" banana", add_special_tokens=False).ids
     chunk = {"choices": [{"index": 0, "text": "", "token_ids": banana}]}
@@ -166,3 +166,29 @@ async def test_ids_a_corrupting_upstream_slips_in_are_caught(
     text = await metrics(proxy)
     assert 'codec_proxy_verify_mismatches_total{model="default",token_source="backend"} 1.0' in text
     assert 'codec_proxy_verify_streams_total{model="default",result="mismatch"} 1.0' in text
+
+
+async def test_a_stop_string_reported_with_no_text_is_not_sent_and_matches(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    smollm2_vocabulary: Vocabulary,
+    upstream: FakeUpstream,
+) -> None:
+    # llama.cpp with `stop: [" has"]` reports " has" in a chunk with text "", then finishes: a
+    # JSON client's answer ends before it, so must a Codec client's, and the verifier agrees.
+    upstream.script = Script(load_capture("llamacpp-completions-stop-logprobs.txt"), chunk_size=7)
+    proxy = await serving(aiohttp_client, settings, smollm2_vocabulary, verify_sample_rate=1.0)
+    status, headers, raw = await post(proxy, "/v1/completions", json=CODEC)
+    assert (status, headers["Codec-Token-Source"]) == (200, "backend")
+    assert [i for frame in frames_of(raw, "msgpack") for i in frame.ids] == [
+        7042,  # " Paris"
+        30,
+        198,
+        198,
+        504,
+        1797,
+        1918,  # " States", and not 553 " has"
+    ]
+    text = await metrics(proxy)
+    assert 'codec_proxy_verify_streams_total{model="default",result="match"} 1.0' in text
+    assert 'result="mismatch"' not in text

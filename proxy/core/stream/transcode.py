@@ -188,7 +188,9 @@ class CodecTranscoder:
         if self._tool_calls.emitted and chunk.finish_reason in _CALLS_COMPLETE:
             reason = finish.TOOL_CALL
         # The last IDs ride on the terminal frame, as the reference engines do (interop.md §0.4).
-        self._finish(frames, self._drain(), reason, error=None)
+        self._finish(
+            frames, self._drain(tool_call_turn=reason == finish.TOOL_CALL), reason, error=None
+        )
 
     def _decide(self, has_ids: bool) -> IdSource | None:
         # The first chunk with output decides (token_source.py); `backend` insists on IDs.
@@ -200,8 +202,9 @@ class CodecTranscoder:
             self._source = RetokenizedIds(self._scheme)
         return self._source
 
-    def _drain(self) -> list[int]:
-        return self._source.flush() if self._source is not None else []
+    def _drain(self, *, tool_call_turn: bool = False) -> list[int]:
+        source = self._source
+        return source.flush(tool_call_turn=tool_call_turn) if source is not None else []
 
     def _terminate(self, frames: list[Frame], reason: str, *, error: str) -> None:
         # Deliver what we hold in its own frame: the terminal error frame stays `ids: []`.

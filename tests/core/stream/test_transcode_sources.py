@@ -86,11 +86,32 @@ def test_retokenize_ignores_reported_ids(smollm2_vocabulary: Vocabulary) -> None
 
 
 def test_backend_ids_may_run_ahead_until_the_end(smollm2_vocabulary: Vocabulary) -> None:
-    # vLLM: the bytes of an incomplete character are reported, its text never comes.
+    # vLLM reports the bytes of an incomplete character while it holds back its text; the
+    # text of one that max_tokens cut never comes.
     t = transcoder(smollm2_vocabulary, "backend")
     assert t.feed(sse(text("、", [29917]))) == [Frame((29917,))]
     assert t.feed(sse(text("", [10391]))) == []
-    assert t.feed(sse(text("", [112, 2], "stop"))) == [Frame((10391, 112, 2), True, "eos_token")]
+    assert t.feed(sse(text("ア", [112]))) == [Frame((10391, 112))]
+    assert t.feed(sse(text("", [11100], "length"))) == [Frame((11100,), True, "length")]
+
+
+def test_a_stop_string_reported_with_no_text_is_not_sent(smollm2_vocabulary: Vocabulary) -> None:
+    # llama.cpp (tests/fixtures/upstream/llamacpp-completions-stop-logprobs.txt): `stop: [" has"]`
+    # reports " has" in a chunk with text "", then finishes; the JSON answer ends before it.
+    t = transcoder(smollm2_vocabulary, "backend")
+    frames = t.feed(sse(text(" States", [1918]), text("", [553]), text("", None, "stop")))
+    assert frames == [Frame((1918,), True, "eos_token")]
+
+
+def test_a_tool_call_region_reported_with_no_text_is_sent(smollm2_vocabulary: Vocabulary) -> None:
+    # The same shape in a turn that ended in tool calls: the region's IDs stay in `ids`.
+    t = transcoder(smollm2_vocabulary, "backend", chat=True)
+    region = {"index": 0, "delta": {"tool_calls": [call(0, "f", "{}", "c")]}, "token_ids": [553]}
+    frames = t.feed(
+        sse({"choices": [{"index": 0, "delta": {"content": " States"}, "token_ids": [1918]}]})
+        + sse({"choices": [region]}, delta("tool_calls"))
+    )
+    assert [(f.ids, f.finish_reason) for f in frames] == [((1918, 553), "tool_call")]
 
 
 # --- tool calls -------------------------------------------------------------------------------
