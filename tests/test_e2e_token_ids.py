@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import aiohttp
+import codecai
 import msgpack
 import pytest
 
@@ -25,6 +27,7 @@ from proxy.core.wire import codec_pb2
 from proxy.server import create_app
 from proxy.server.models.verification import _DECODERS
 from proxy.settings import Settings
+from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.server.conftest import AiohttpClient, ProxyClient, default_model
@@ -123,16 +126,17 @@ def sent_fields(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 async def make_real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> Any:
-    async def make(mode: str, **changes: Any) -> ProxyClient:
+    async def make(mode: str, vocabulary: Vocabulary | None = None, **changes: Any) -> ProxyClient:
+        vocabulary = vocabulary or smollm2_vocabulary
         settings = Settings(
             upstream=(llama_server,),
-            tokenizer=smollm2_vocabulary.loaded.source,
+            tokenizer=vocabulary.loaded.source,
             token_ids=mode,  # type: ignore[arg-type]
             **changes,
         )
-        proxy = await aiohttp_client(create_app(settings, smollm2_vocabulary))
+        proxy = await aiohttp_client(create_app(settings, vocabulary))
         digest = default_model(proxy).published.digest
-        for _ in range(500):  # a verified stream needs the map's decoder, built off the loop
+        for _ in range(3000):  # a verified stream needs the map's decoder, built off the loop
             if not settings.verify_sample_rate or digest in _DECODERS:
                 break
             await asyncio.sleep(0.01)
@@ -295,3 +299,69 @@ async def test_a_stop_string_is_not_part_of_a_codec_answer(
         metrics
     )
     assert 'result="mismatch"' not in metrics
+
+
+# llama.cpp refuses `logprobs` with `tools` in a stream, so a chat request that carries a tools
+# array gets no IDs from it: any client can have its text retokenized that way.
+TOOLS = [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
+
+
+async def codec_text(proxy: ProxyClient, body: dict[str, Any], fmt: str) -> tuple[str, str]:
+    """What codecai shows of a Codec chat stream, read with the map the proxy publishes."""
+    source, _, raw = await codec(
+        proxy, "/v1/chat/completions", fmt, json={**body, "stream_format": fmt}
+    )
+    published = codecai.TokenizerMap.from_json(default_model(proxy).published.body)
+    return source, render(published, await codecai_frames(raw, fmt))
+
+
+async def verified_matches(proxy: ProxyClient) -> int:
+    async with proxy.get("/metrics") as resp:
+        metrics = await resp.text()
+    assert 'result="mismatch"' not in metrics
+    match = re.search(r'verify_streams_total\{model="default",result="match"\} (\d+)', metrics)
+    return int(match.group(1)) if match else 0
+
+
+async def test_chat_with_tools_is_retokenized_to_the_json_text(
+    make_real_proxy: Any, llama_server: str, sent_fields: list[dict[str, Any]]
+) -> None:
+    proxy = await make_real_proxy("auto", verify_sample_rate=1.0)
+    questions = ["What is the capital of France?", "Say: na\u0308ive re\u0301sume\u0301"]
+    for index, question in enumerate(questions):
+        body = sampling(messages=[{"role": "user", "content": question}], tools=TOOLS)
+        body["max_tokens"] = 32
+        answer = await direct_text(llama_server, "/v1/chat/completions", body)
+        source, shown = await codec_text(proxy, body, "protobuf" if index else "msgpack")
+        assert sent_fields[-1] == {}  # nothing asked for: llama.cpp would refuse the request
+        assert (source, shown) == ("retokenized", answer)
+    assert await verified_matches(proxy) == len(questions)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "question", "trap"),
+    [
+        # Qwen3 normalizes to NFC: "a" + U+0308 would come back as "ä".
+        (assets.QWEN3_TOKENIZER, "Say: na\u0308ive re\u0301sume\u0301", "a\u0308"),
+        # SentencePiece (Mistral) reads a literal "▁" as a space.
+        (assets.MISTRAL_TOKENIZER, "Repeat exactly: a\u2581b \u2581\u2581 c\u2581d", "\u2581"),
+    ],
+    ids=["qwen3-nfc", "mistral-metaspace"],
+)
+async def test_retokenized_text_a_tokenizer_would_change_is_the_json_text(
+    make_real_proxy: Any, llama_server: str, tokenizer: Any, question: str, trap: str
+) -> None:
+    # The same real server behind a proxy that serves another family's tokenizer (the drift
+    # check would refuse it, so it is off): text that tokenizer would give back otherwise,
+    # as a client forcing retokenization with `tools` can have the model write it.
+    vocabulary = Vocabulary.build(load_tokenizer(tokenizer.ensure()))
+    proxy = await make_real_proxy("auto", vocabulary, verify_sample_rate=1.0, drift_check=False)
+    body = sampling(messages=[{"role": "user", "content": question}], tools=TOOLS)
+    body["max_tokens"] = 24
+    answer = await direct_text(llama_server, "/v1/chat/completions", body)
+    assert trap in answer  # the model wrote the trap
+    source, shown = await codec_text(proxy, body, "msgpack")
+    assert source == "retokenized"
+    # A SentencePiece map: codecai keeps the space SentencePiece prepends to a text.
+    assert shown in (answer, " " + answer)
+    assert await verified_matches(proxy) == 1

@@ -10,13 +10,16 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from codecai import Detokenizer, TokenizerMap
 
+from proxy import assets
 from proxy.server import create_app
 from proxy.server.models.verification import _DECODERS
 from proxy.server.process.reload import reload_config
 from proxy.settings import Settings
+from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
-from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
     ProxyClient,
@@ -36,7 +39,7 @@ async def serving(
     app = create_app(replace(settings, **changes), vocabulary)
     proxy = await aiohttp_client(ProxyTestServer(app))
     digest = default_model(proxy).published.digest
-    for _ in range(500):  # the decoder is built off the loop at start
+    for _ in range(3000):  # the decoder is built off the loop at start
         if digest in _DECODERS:
             break
         await asyncio.sleep(0.01)
@@ -192,3 +195,78 @@ async def test_a_stop_string_reported_with_no_text_is_not_sent_and_matches(
     text = await metrics(proxy)
     assert 'codec_proxy_verify_streams_total{model="default",result="match"} 1.0' in text
     assert 'result="mismatch"' not in text
+
+
+_VOCABULARIES: dict[str, Vocabulary] = {}
+
+
+def vocabulary_of(name: str) -> Vocabulary:
+    if name not in _VOCABULARIES:
+        path = {"qwen3": assets.QWEN3_TOKENIZER, "mistral": assets.MISTRAL_TOKENIZER}[name]
+        _VOCABULARIES[name] = Vocabulary.build(load_tokenizer(path.ensure()))
+    return _VOCABULARIES[name]
+
+
+def text_stream(text: str, size: int = 3) -> Capture:
+    events = [
+        {"choices": [{"index": 0, "text": text[i : i + size], "finish_reason": None}]}
+        for i in range(0, len(text), size)
+    ]
+    events.append({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    return Capture(200, "OK", (("Content-Type", "text/event-stream"),), body + b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        # Qwen3's NFC would compose these; SentencePiece reads a literal "▁" as a space.
+        ("qwen3", "Un cafe\u0301 et l'\u212bngstro\u0308m, x\u0344y."),
+        ("mistral", "a\u2581b, \u2581 and \u2581\u2581 at the end\u2581"),
+    ],
+)
+async def test_retokenized_text_a_tokenizer_would_change_reaches_the_client_as_streamed(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    upstream: FakeUpstream,
+    name: str,
+    text: str,
+) -> None:
+    vocabulary = vocabulary_of(name)
+    upstream.script = Script(text_stream(text), chunk_size=7)
+    proxy = await serving(aiohttp_client, settings, vocabulary, verify_sample_rate=1.0)
+    status, headers, raw = await post(proxy, "/v1/completions", json=CODEC)
+    assert (status, headers["Codec-Token-Source"]) == (200, "retokenized")
+    frames = frames_of(raw, "msgpack")
+    assert frames[-1].finish_reason == "length"
+    # codecai, reading the published map, shows the streamed text (a SentencePiece map: after
+    # the space it prepends to a text).
+    published = TokenizerMap.from_json(default_model(proxy).published.body)
+    shown = Detokenizer(published).render([i for frame in frames for i in frame.ids])
+    assert shown in (text, " " + text)
+    metrics_text = await metrics(proxy)
+    assert 'codec_proxy_verify_streams_total{model="default",result="match"} 1.0' in metrics_text
+    assert 'result="mismatch"' not in metrics_text
+
+
+async def test_text_the_vocabulary_cannot_spell_ends_the_stream_and_counts_as_a_mismatch(
+    aiohttp_client: AiohttpClient,
+    settings: Settings,
+    smollm2_vocabulary: Vocabulary,
+    upstream: FakeUpstream,
+) -> None:
+    # SmolLM2 has no token for the byte 0x16: the model cannot have written it, so the backend
+    # is not using this tokenizer. The client gets the text before it and an error frame, and
+    # verification says the IDs did not reach the text.
+    upstream.script = Script(text_stream("Hello world, a\x16b and more."), chunk_size=7)
+    proxy = await serving(aiohttp_client, settings, smollm2_vocabulary, verify_sample_rate=1.0)
+    status, _, raw = await post(proxy, "/v1/completions", json=CODEC)
+    assert status == 200
+    frames = frames_of(raw, "msgpack")
+    assert (frames[-1].ids, frames[-1].finish_reason) == ((), "error")
+    ids = [i for frame in frames for i in frame.ids]
+    assert smollm2_vocabulary.loaded.tokenizer.decode(ids) == "Hello world, a"
+    metrics_text = await metrics(proxy)
+    assert 'codec_proxy_verify_streams_total{model="default",result="mismatch"} 1.0' in (
+        metrics_text
+    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.core.errors import ProxyError
+from proxy.core.errors import ProxyError, UpstreamProtocolError
 from proxy.core.stream.chunks import ChunkDelta, StreamDone, StreamFailure, Usage
 from proxy.core.stream.retokenizer import RetokenizerScheme
 from proxy.core.stream.sse import SSEDecoder
@@ -190,6 +190,16 @@ class CodecTranscoder:
         if source is not None:
             if text and self.on_text is not None:
                 self.on_text(text)
+            spellable = self._scheme.spellable_prefix(text)
+            if spellable < len(text):
+                # No IDs render this character: the text before it goes out, then the error
+                # frame, rather than other text in silence.
+                source.add(text[:spellable], chunk.token_ids)
+                raise UpstreamProtocolError(
+                    f"the upstream's text has a character the model's vocabulary cannot spell "
+                    f"(U+{ord(text[spellable]):04X})",
+                    code="untokenizable_text",
+                )
             source.add(text, chunk.token_ids)
         if chunk.finish_reason is None:
             return
@@ -229,6 +239,8 @@ class CodecTranscoder:
         if not internal:
             try:
                 pending = self._drain()
+            except ProxyError as exc:
+                error = f"{error}; then {exc.message}"
             except Exception as exc:  # as in feed: the stream ends all the same
                 error, internal = f"{error}; then {_internal(exc)}", True
         if pending:

@@ -222,3 +222,14 @@ def test_bodies_that_cannot_be_checked_are_refused(smollm2_vocabulary: Vocabular
     rules = compiled(vocab(smollm2_vocabulary), stop_strings=["zebra"])
     with pytest.raises(UpstreamProtocolError):
         police_json_body(body, factory(rules, smollm2_vocabulary), COMPLETION_TEXT)
+
+
+def test_text_a_normalizer_would_change_is_released_as_streamed(qwen3_vocabulary: Vocabulary):
+    # The policy reads the retokenized IDs' text: Qwen3's NFC must not reach the client.
+    rules = compiled(vocab(qwen3_vocabulary), stop_strings=["zebra"])
+    text = "Un cafe\u0301 et l'\u212bngstro\u0308m."
+    body = b"".join(surrogate_event(text[i : i + 4]) for i in range(0, len(text), 4))
+    body += surrogate_event("", "stop") + b"data: [DONE]\n\n"
+    for cut in range(0, len(body) + 1, 17):
+        out, _ = police(rules, qwen3_vocabulary, body, cut, COMPLETION_TEXT)
+        assert text_of(chunks(out), COMPLETION_TEXT) == text, cut

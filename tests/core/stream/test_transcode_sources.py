@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from typing import Any
@@ -346,3 +347,35 @@ def test_a_pair_cut_between_argument_pieces_is_rejoined(smollm2_vocabulary: Voca
     t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
     frames = t.feed(sse(delta(tool_calls=[call(0, "f", '{"e": "\ud83c"}', "c")]), delta("stop")))
     assert one_terminal(frames) == Frame((), True, "error")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_text_the_vocabulary_cannot_spell_ends_the_stream(
+    smollm2_vocabulary: Vocabulary, mode: Any
+) -> None:
+    # SmolLM2 has no token for the byte 0x16: no IDs can give a client this text, so it is
+    # not handed other text in silence.
+    t = transcoder(smollm2_vocabulary, mode)
+    frames = t.feed(sse(text("Hello world, ", [19556, 905, 28]), text("a\x16b", [])))
+    frames += t.feed(sse(text(" more", [], "stop"))) + t.flush()
+    assert one_terminal(frames) == Frame((), True, "error")
+    assert render(smollm2_vocabulary, frames) == b"Hello world, a"  # all before it
+    assert t.outcome is not None
+    assert "cannot spell (U+0016)" in (t.outcome.error or "")
+    assert not t.outcome.internal
+
+
+def test_a_vocabulary_the_screen_cannot_list_still_refuses(smollm2_vocabulary: Vocabulary) -> None:
+    # Where the unspellable characters are too many to list (a continuation byte without a
+    # token), the retokenizer refuses the text itself; the stream still ends once, as an
+    # upstream error, never as other text.
+    scheme = dataclasses.replace(smollm2_vocabulary.scheme, unspellable=None)
+    t = CodecTranscoder(scheme, parse_completion_chunk)
+    frames = t.feed(sse(text("Hello world, a\x16b more", [], "stop"))) + t.flush()
+    assert one_terminal(frames) == Frame((), True, "error")
+    assert t.outcome is not None
+    assert (t.outcome.internal, t.outcome.error) == (
+        False,
+        "the upstream's text has a character the model's vocabulary cannot spell "
+        "(no token for the byte 0x16)",
+    )

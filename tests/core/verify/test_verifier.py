@@ -115,8 +115,8 @@ AGREED_WHOLE = Verification(True, None, 0)
 
 # Multi-byte UTF-8 (CJK, emoji that byte-level BPE splits into byte tokens, ZWJ sequences, flags),
 # SentencePiece leading spaces and space runs, special and added token text inside text,
-# contractions and newline runs. All NFC and without a literal "▁": Qwen3 normalizes to NFC and
-# SentencePiece stores a space as "▁", so such text really decodes differently.
+# contractions and newline runs; text a tokenizer would give back otherwise (Qwen3 normalizes to
+# NFC, SentencePiece stores a space as "▁"), which the retokenizer spells in byte tokens.
 TRAPS = [
     "价格是 1234.56 元，对吗？日本語も。🎉🎉 👨\u200d👩\u200d👧 done",
     " Leading space, then  two and   three.",
@@ -124,6 +124,8 @@ TRAPS = [
     "special <|im_end|> and <think>reasoning</think> <|endoftext|>",
     "We're here, aren't we? I'll say: 'yes'.\n\n\n",
     "🇫🇷🎉é\u00a0ñ—“quotes”",
+    "cafe\u0301 \u212b\u2126 x\u0344y \u0958 e\u0323\u0307.",
+    "\u2581Lead \u2581 a\u2581b \u2581\u2581  x\u2581",
 ]
 TRAP_FAMILIES = ("smollm2", "mistral.json", "qwen3.json", "llama3.json")
 
@@ -240,6 +242,38 @@ def test_memory_is_what_one_side_is_ahead_by(families: Families, data: st.DataOb
         assert held == abs(text_bytes - decoded)
     assert verifier.flush(None).agreed
     assert (len(verifier._text), len(verifier._ids)) == (0, 0)
+
+
+SPELLING_TRAPS = ["e\u0301", "\u0301", "\u212b", "\u2126", "\u0958", "\u0344", "\u2581", " \u2581 "]
+spelling_texts = st.lists(
+    st.one_of(
+        st.sampled_from(SPELLING_TRAPS),
+        st.characters(min_codepoint=0x300, max_codepoint=0x36F),
+        st.text(characters, max_size=3),
+    ),
+    max_size=16,
+).map("".join)
+
+
+@pytest.mark.parametrize("name", TRAP_FAMILIES)
+@given(data=st.data())
+def test_retokenized_text_is_the_text_for_a_client(
+    families: Families, name: str, data: st.DataObject
+) -> None:
+    # Whatever the text, what a client decodes from the retokenizer's IDs with the published
+    # map (our decoder, and codecai's) is that text: normalization traps included.
+    text = data.draw(spelling_texts, label="text")
+    deltas = split_at(text, data.draw(st.lists(st.integers(0, len(text))), label="cuts"))
+    assert retokenized(families, name, deltas) == Verification(True, None, len(text.encode()))
+    retokenizer = Retokenizer(families.scheme(name))
+    ids = [i for delta in deltas for i in retokenizer.feed(delta)] + retokenizer.flush()
+    decoder = families.map(name).decoder
+    shown = pieces(decoder, ids)
+    assert shown == text.encode() or (decoder.dummy_prefix and shown == b" " + text.encode())
+    detokenizer = families.detokenizer(name)
+    rendered = detokenizer.render(ids)
+    detokenizer.reset()
+    assert rendered == text or (decoder.dummy_prefix and rendered == " " + text)
 
 
 # --- the backend-ID check and the verifier agree ----------------------------------------------
