@@ -31,7 +31,10 @@ encode the window and commit only the pre-tokens that no later text can change:
   two pre-tokens until `e` makes them one `'re`);
 * text that could still become an added token (e.g. Qwen's `<think>`) is held back, and so is
   the pre-token before it: once the added token completes, the text in front of it is a
-  segment of its own, whose trailing whitespace regroups as at the end of a text.
+  segment of its own, whose trailing whitespace regroups as at the end of a text;
+* with a normalizer, no cut goes before a combining mark or a character that composes with the
+  one before it: a mark that comes later can still reorder with it and compose with the
+  letter in front (UAX #15; `U` + U+0305, then U+031B, is `Ư` + U+0305).
 
 The window then restarts at the cut. Encoding starts afresh there, which is only sound because a
 cut is a hard boundary: no BPE merge crosses it and the pre-tokenizer's decision before it is
@@ -42,6 +45,7 @@ pathological case linear too.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import unicodedata
@@ -141,6 +145,9 @@ class RetokenizerScheme:
     # Characters no IDs of this vocabulary render (a byte of theirs has no token); None: none,
     # or too many to list (then `encode_exactly` still refuses them).
     unspellable: re.Pattern[str] | None
+    # With a normalizer: the characters that text after them can still reorder or compose with
+    # what comes before them (UAX #15: not a stable starter); no cut goes before one.
+    joins_backward: frozenset[str]
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer, encoder: Encoder) -> RetokenizerScheme:
@@ -183,6 +190,7 @@ class RetokenizerScheme:
             unsure=unsure,
             nfc=nfc,
             unspellable=re.compile(f"[{missing}]") if missing else None,
+            joins_backward=_joins_backward() if config.get("normalizer") else frozenset(),
         )
 
     def encode(self, text: str, *, at_start: bool) -> list[int]:
@@ -277,6 +285,27 @@ def _quick_check(
         # covers every other character.
         return re.compile(_METASPACE), False
     return None, False
+
+
+@functools.cache
+def _joins_backward() -> frozenset[str]:
+    """Non-starters, and starters that compose with the character before them (NFC_QC Maybe):
+    the second character of every primary composite, and Hangul's medial and final jamo."""
+    found = {chr(code) for code in (*range(0x1161, 0x1176), *range(0x11A8, 0x11C3))}
+    for code in range(0x110000):
+        char = chr(code)
+        if unicodedata.combining(char):
+            found.add(char)
+            continue
+        parts = unicodedata.decomposition(char).split()
+        # A canonical pair that NFC composes back (not excluded from composition).
+        if (
+            len(parts) == 2
+            and not parts[0].startswith("<")
+            and unicodedata.normalize("NFC", char) == char
+        ):
+            found.add(chr(int(parts[1], 16)))
+    return frozenset(found)
 
 
 def _is_type(node: Any, kind: str) -> bool:
@@ -426,6 +455,10 @@ class Retokenizer:
         head = (scheme.first if self._at_start else scheme.rest).normalizer
         if head is None:
             return True
+        if window[cut] in scheme.joins_backward:
+            # Text still to come may reorder or compose with it and what is before the cut:
+            # `A U U+0305` then U+031B becomes `A Ư U+0305`.
+            return False
         tail = scheme.rest.normalizer
         rest = window[cut:]
         normalized_rest = tail.normalize_str(rest) if tail is not None else rest

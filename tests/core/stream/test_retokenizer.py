@@ -246,6 +246,9 @@ FIXED = [
     # a reordering; SentencePiece's "▁" as text, alone, doubled and beside spaces.
     "Cafe\u0301 \u212b\u2126 x\u0344y e\u0323\u0307 \u0958 \u1e9b\u0323 A\u030a.",
     "\u2581 a\u2581b \u2581\u2581 x \u2581  y\u2581\n\u2581",
+    # A mark that comes later reorders with one before it and composes with the letter before
+    # both: `U U+0305` then U+031B is `Ư U+0305`; so does a Hangul final jamo with a syllable.
+    "AU\u0305\u031b x\u0305\u0323 \uac00\u11a8 \u1100\u1161\u11a8.",
 ]
 
 
