@@ -29,6 +29,7 @@ from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
 from tests.server.policy_support import write_policy
+from tests.server.support import wait_for
 
 # What the data plane does with a stream, on both event loops it runs on.
 pytestmark = pytest.mark.uvloop_too
@@ -81,14 +82,6 @@ def blackhole() -> Iterator[str]:
 
 async def frames_of(resp: aiohttp.ClientResponse, fmt: str = "msgpack") -> list[Frame]:
     return FrameDecoder(fmt).feed(await resp.read())  # type: ignore[arg-type]
-
-
-async def wait_for(predicate: Callable[[], bool], seconds: float = 3.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 # --- several upstreams ------------------------------------------------------------------------

@@ -315,7 +315,9 @@ class ResponseStream:
             raise TypeError("streams are served on codec-proxy's own connections (ProxyRunner)")
         self._client = protocol
         self._transport = transport
-        if transport is not None:
+        if transport is None or transport.is_closing():
+            self.client_lost()  # gone while the response was being started
+        else:
             self._transport_write = transport.write
         if self._end is None:
             self._phase = _Phase.STREAMING
