@@ -200,6 +200,8 @@ class ResponseStream:
                 self._first_write()
             else:
                 self._gaps.observe(now - last)
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
 
@@ -215,6 +217,8 @@ class ResponseStream:
                 self._rest_bytes += len(data)
                 if self._rest_bytes > _READY_BUFFER_BYTES:
                     self._exchange.pause_reading()
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
 
@@ -229,6 +233,8 @@ class ResponseStream:
                 self._become_ready()
             elif phase is _Phase.READY:
                 self._pending_end = True
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
 
@@ -244,6 +250,8 @@ class ResponseStream:
                     self._ready.set_exception(_before_response(exc))
             elif phase is _Phase.READY:
                 self._pending_error = exc
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as crash:
             self._crashed(crash)
 
@@ -521,6 +529,25 @@ class ResponseStream:
                     self._become_ready()
                 else:
                     self._arm_deadline()
+        except ProxyError as failure:
+            self._failed(failure)
+        except Exception as exc:
+            self._crashed(exc)
+
+    def _failed(self, failure: ProxyError) -> None:
+        """What the body found wrong with the upstream's bytes (a protocol error, a lone
+        surrogate, an event too large): an upstream failure, never the proxy's bug."""
+        try:
+            if self._phase is _Phase.STREAMING:
+                self._upstream_failed(failure)
+            elif self._phase is not _Phase.ENDED:
+                self._phase = _Phase.ENDED
+                self._cancel_timers()
+                self._exchange.cancel()
+                if not self._ready.done():
+                    self._ready.set_exception(failure)  # its status: a clean HTTP error
+                if not self._done.done():
+                    self._done.set_result(StreamEnd.UPSTREAM_FAILED)
         except Exception as exc:
             self._crashed(exc)
 
