@@ -444,6 +444,26 @@ async def test_ttft_timeout_before_the_stream_is_504(
             assert (await resp.json())["error"]["code"] == "ttft_timeout"
 
 
+async def test_a_head_without_a_body_in_time_is_a_ttft_timeout_counted_against_the_upstream(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    # The head came at once, the first body byte never did: the same 504 as a head that never
+    # came, counted as a ttft timeout, and a failure the balancer hears.
+    upstream.script = Script(load_capture(SAMPLE), stall_after_events=0, stall_seconds=3.0)
+    proxy = await make_proxy(ttft_timeout=0.3, health_interval=60)
+    for payload in (codec_body(), {"prompt": "Hi", "stream": True}):
+        async with proxy.post("/v1/completions", json=payload) as resp:
+            assert resp.status == 504
+            assert (await resp.json())["error"]["code"] == "ttft_timeout"
+        (state,) = default_model(proxy).pool.balancer.upstreams
+        # Each head's 200 reset the count; the timeout after it counted one failure.
+        assert state.consecutive_failures == 1
+        assert "ttft timeout" in (state.last_error or "")
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    assert 'codec_proxy_timeouts_total{kind="ttft"} 2.0' in text
+
+
 async def test_idle_timeout_mid_codec_stream_is_a_terminal_error_frame(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:

@@ -41,7 +41,7 @@ from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
 from proxy.core.bodies import ResponseBody
-from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.errors import ProxyError, UpstreamUnavailable
 from proxy.core.http.framing import BodyFramer, Framing
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.data.context import StreamContext
@@ -553,8 +553,6 @@ class ResponseStream:
 
     def _upstream_failed(self, exc: Exception) -> None:
         context = self._context
-        if isinstance(exc, UpstreamTimeout):
-            context.metrics.timeouts.labels("idle").inc()
         ending = self._body.fail(f"upstream failed mid-stream: {exc}", self._loop.time())
         if ending is None:
             # The status line is gone: close the connection rather than end the body cleanly,
