@@ -12,8 +12,10 @@ handler's task waits on one future for the whole stream and wakes once, at its e
 
 * **Before the response starts** the body is fed until it is `ready` (its status and headers
   can be decided; the first read fed a few KiB at a time so the first frame is not held up by
-  the rest), then the upstream is paused and the handler prepares the response (aiohttp's
-  `on_response_prepare` hooks are coroutines). A failure up to then is still a clean 502/504.
+  the rest), then the handler prepares the response (aiohttp's `on_response_prepare` hooks
+  are coroutines) while what arrives meanwhile is kept, as it came, for when streaming starts
+  (past `_READY_BUFFER_BYTES` the upstream is paused). A failure up to then is still a clean
+  502/504.
 * **Backpressure**: when the client's transport asks to pause writing, reading the upstream
   pauses, and resumes with it; the write timeout is one timer started on the pause. A client
   that does not read for `write_timeout` is dropped (its connection aborted, not closed).
