@@ -24,7 +24,12 @@ from proxy.server.control.generation import (
 )
 from proxy.server.control.local import SCHEMA_TEXT
 from proxy.server.control.observe import observe_middleware
-from proxy.server.control.versioning import VERSION_NOTICES, VersionNotices, strip_withheld_headers
+from proxy.server.control.versioning import (
+    VERSION_NOTICES,
+    VersionNotices,
+    announce_server_version,
+    strip_withheld_headers,
+)
 from proxy.server.control.well_known import MAPS, PUBLIC_ORIGIN, MapStore
 from proxy.server.data.drain import LIFECYCLE, READINESS, Lifecycle
 from proxy.server.models.live import LIVE, LiveConfig, build_live, snapshot_middleware
@@ -111,7 +116,9 @@ def create_app(
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
     app.on_response_prepare.append(echo_request_id)
-    # The one place the header floors are applied (server/control/versioning.py).
+    app.on_response_prepare.append(announce_server_version)
+    # The one place the header floors are applied (server/control/versioning.py): after every
+    # hook that adds a Codec header.
     app.on_response_prepare.append(strip_withheld_headers)
 
     install_reloads(app)
