@@ -1,7 +1,9 @@
 """The proxy's own routes, answered here and never relayed upstream (every method: the ones
 they do not take get a JSON 405).
 
-* The probes and metrics, `/livez`, `/readyz`, `/metrics`.
+* The probes and metrics, `/livez`, `/readyz`, `/metrics`: on the admin listener when
+  `admin_port` is set (proxy/server/control/admin.py; the serving port then relays these paths
+  to the backend like any other), on the serving port otherwise.
 * The Codec documents, `/codec/schema` and `/codec/version`: always on the serving port, where
   clients are. Public like the discovery documents, with their rules (well_known.py): no key,
   any origin, an OPTIONS preflight answered, other methods a 405.
@@ -104,5 +106,6 @@ def document_routes() -> list[web.RouteDef]:
     ]
 
 
-def routes() -> list[web.RouteDef]:
-    return [*probe_routes(), *document_routes()]
+def routes(*, probes: bool = True) -> list[web.RouteDef]:
+    """The serving port's local routes; `probes=False` when the admin listener has those."""
+    return [*(probe_routes() if probes else ()), *document_routes()]
