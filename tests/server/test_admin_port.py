@@ -35,6 +35,7 @@ def upstream() -> FakeUpstream:
 async def serving_and_admin(
     settings: Settings, vocabulary: Vocabulary, aiohttp_client: AiohttpClient, **changes: Any
 ) -> tuple[ProxyClient, ProxyClient]:
+    # Any admin port: it only has to be set, since test servers listen where they choose.
     app = create_app(Settings(**{**vars(settings), "admin_port": 1, **changes}), vocabulary)
     serving = await aiohttp_client(app)  # started first: the admin app runs on its state
     return serving, await aiohttp_client(app[ADMIN_APP])
@@ -134,7 +135,7 @@ async def test_keys_guard_the_relayed_paths_and_not_the_admin_port(
         assert await resp.read() == BACKEND_METRICS.body
 
 
-def test_without_an_admin_port_nothing_moves(settings: Settings) -> None:
+def test_without_an_admin_port_nothing_moves() -> None:
     """The serving port answers the probes itself, and there is no admin app."""
     served = {(r.method, r.path): r.handler for r in routes()}
     assert served[("GET", "/livez")] is livez
