@@ -21,9 +21,11 @@ character"). Decisions, each what the backends' own detokenizers do with the sam
   interrupts.
 
 `StopText`: the text cut at the first stop string, as backends cut it (OpenAI's `stop`: the
-returned text never holds it). A stream's IDs may hold a stop string the backend never sent as
-text (its IDs ride to the end, proxy/core/stream/backend_ids.py); the text that could be the
-start of one is held back until it is known not to be, as backends hold it back.
+returned text never holds it). The IDs of a Codec stream may hold a stop string the backend never
+sent as text: the model sampled its tokens, and the engines' own Codec streams send every sampled
+ID (codec-proxy leaves such IDs out, proxy/core/stream/backend_ids.py; llama.cpp's native
+answer shows both, tests/fixtures/upstream/llamacpp-ground-truth.json). The text that could be
+the start of one is held back until it is known not to be, as backends hold it back.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ STREAM_CAPTURES = (
     "llamacpp-completions-sample-with-headers.txt",
     "llamacpp-completions-sample.txt",
     "llamacpp-completions-stop-holdback-logprobs.txt",
+    "llamacpp-completions-stop-logprobs.txt",
     "vllm-chat-reasoning-synthetic.txt",
     "vllm-chat-tool-calls-synthetic.txt",
     "vllm-chat.txt",
