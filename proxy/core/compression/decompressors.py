@@ -9,6 +9,11 @@ do it for them: dictionary zstd decodes only with the dictionary `Codec-Zstd-Dic
 this proxy does, compressors.py) lets every frame out at once. `flush` checks that the stream
 ended where the coding says it ends; a cut stream, bytes after the end, or bytes that are not
 the coding raise `DecompressionError`.
+
+A peer's compressed body is never trusted to stay small (SEC-02 §3, "reject, don't
+truncate"): no more than `max_bytes` of output ever exists for one stream, and no single call
+is asked for "everything" — gzip and brotli are driven with an output limit, zstd is fed a few
+bytes at a time (a zstd block decodes to at most 128 KiB, and takes at least 4 bytes).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from proxy.core.errors import UpstreamProtocolError
 from proxy.core.http.content_coding import BR, CODING_ALIASES, GZIP, IDENTITY, ZSTD, ContentCoding
 from proxy.core.shown import clipped, quoted
 
-__all__ = ["DecompressionError", "StreamDecompressor", "new_decompressor"]
+__all__ = ["DEFAULT_MAX_BYTES", "DecompressionError", "StreamDecompressor", "new_decompressor"]
 
 
 class DecompressionError(UpstreamProtocolError):
@@ -37,6 +42,34 @@ class StreamDecompressor(Protocol):
     def feed(self, data: bytes) -> bytes: ...
 
     def flush(self) -> None: ...
+
+
+# A Codec stream is a few bytes per token: 64 MiB is millions of tokens, far past any answer.
+DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
+# zstd input per decompress call: at most 16 blocks of 128 KiB can come out of it.
+_ZSTD_STEP: Final = 64
+
+
+def _too_large(max_bytes: int) -> DecompressionError:
+    return DecompressionError(
+        f"response body decodes to more than {max_bytes} bytes", code="decompressed_too_large"
+    )
+
+
+class _Budget:
+    """What one stream may still decode to."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def spend(self, out: bytes) -> bytes:
+        self.left -= len(out)
+        if self.left < 0:
+            raise _too_large(self.limit)
+        return out
 
 
 def _corrupt(coding: str, detail: object) -> DecompressionError:
@@ -57,26 +90,34 @@ class IdentityDecompressor:
 
 
 class GzipDecompressor:
-    __slots__ = ("_zlib",)
+    __slots__ = ("_budget", "_zlib")
     coding: Final = GZIP
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._zlib = zlib.decompressobj(wbits=31)
+        self._budget = _Budget(max_bytes)
 
     def feed(self, data: bytes) -> bytes:
-        if self._zlib.eof:
+        decoder, budget = self._zlib, self._budget
+        if decoder.eof:
             if data:
                 raise _corrupt(GZIP, "bytes after the end of the gzip stream")
             return b""
+        out = bytearray()
         try:
-            out = self._zlib.decompress(data)
+            while True:
+                # max_length bounds this call; the rest waits in unconsumed_tail.
+                out += budget.spend(decoder.decompress(data, budget.left + 1))
+                data = decoder.unconsumed_tail
+                if not data or decoder.eof:
+                    break
         except zlib.error as exc:
             raise _corrupt(GZIP, exc) from exc
-        if self._zlib.unused_data:
+        if decoder.unused_data:
             # One member: our compressor writes one per response (RFC 1952 allows several,
             # but a Codec body that is several gzip streams was not written by one compressor).
             raise _corrupt(GZIP, "bytes after the end of the gzip stream")
-        return out
+        return bytes(out)
 
     def flush(self) -> None:
         if not self._zlib.eof:
@@ -84,22 +125,28 @@ class GzipDecompressor:
 
 
 class BrotliDecompressor:
-    __slots__ = ("_brotli",)
+    __slots__ = ("_brotli", "_budget")
     coding: Final = BR
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._brotli = brotli.Decompressor()
+        self._budget = _Budget(max_bytes)
 
     def feed(self, data: bytes) -> bytes:
         if not data:
             return b""
-        if self._brotli.is_finished():
+        decoder, budget = self._brotli, self._budget
+        if decoder.is_finished():
             raise _corrupt(BR, "bytes after the end of the brotli stream")
+        out = bytearray()
         try:
-            out: bytes = self._brotli.process(data)
+            out += budget.spend(decoder.process(data, output_buffer_limit=budget.left + 1))
+            # With the output limit hit, brotli keeps the rest; it is drained with empty input.
+            while not (decoder.is_finished() or decoder.can_accept_more_data()):
+                out += budget.spend(decoder.process(b"", output_buffer_limit=budget.left + 1))
         except brotli.error as exc:
             raise _corrupt(BR, exc) from exc
-        return out
+        return bytes(out)
 
     def flush(self) -> None:
         if not self._brotli.is_finished():
@@ -107,25 +154,38 @@ class BrotliDecompressor:
 
 
 class ZstdDecompressor:
-    __slots__ = ("_zstd",)
+    __slots__ = ("_budget", "_zstd")
     coding: Final = ZSTD
 
-    def __init__(self, dictionary: bytes) -> None:
+    def __init__(self, dictionary: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         zdict = zstandard.ZstdCompressionDict(dictionary)
-        self._zstd = zstandard.ZstdDecompressor(dict_data=zdict).decompressobj()
+        # The window a frame may demand is allocated before any output: bounded by the cap,
+        # but never below 8 MiB (what a compressor at our levels asks for) nor above zstd's own
+        # default of 128 MiB.
+        window = 1 << max(23, min(27, (max_bytes - 1).bit_length()))
+        decoder = zstandard.ZstdDecompressor(dict_data=zdict, max_window_size=window)
+        self._zstd = decoder.decompressobj()
+        self._budget = _Budget(max_bytes)
 
     def feed(self, data: bytes) -> bytes:
         if not data:
             return b""
-        if self._zstd.eof:
+        decoder, budget = self._zstd, self._budget
+        if decoder.eof:
             raise _corrupt(ZSTD, "bytes after the end of the zstd frame")
+        out = bytearray()
+        fed = 0
         try:
-            out: bytes = self._zstd.decompress(data)
+            while fed < len(data) and not decoder.eof:
+                out += budget.spend(decoder.decompress(data[fed : fed + _ZSTD_STEP]))
+                fed += _ZSTD_STEP
         except zstandard.ZstdError as exc:
+            if "too much memory" in str(exc):
+                raise _too_large(budget.limit) from exc
             raise _corrupt(ZSTD, exc) from exc
-        if self._zstd.unused_data:
+        if decoder.unused_data or fed < len(data):
             raise _corrupt(ZSTD, "bytes after the end of the zstd frame")
-        return out
+        return bytes(out)
 
     def flush(self) -> None:
         if not self._zstd.eof:
@@ -133,7 +193,10 @@ class ZstdDecompressor:
 
 
 def new_decompressor(
-    content_encoding: str | None, zstd_dictionary: bytes | None = None
+    content_encoding: str | None,
+    zstd_dictionary: bytes | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> StreamDecompressor:
     """The decompressor for a response's `Content-Encoding` (one coding, as we send).
 
@@ -146,16 +209,16 @@ def new_decompressor(
     if name in ("", IDENTITY):
         return IdentityDecompressor()
     if name == GZIP:
-        return GzipDecompressor()
+        return GzipDecompressor(max_bytes)
     if name == BR:
-        return BrotliDecompressor()
+        return BrotliDecompressor(max_bytes)
     if name == ZSTD:
         if zstd_dictionary is None:
             raise DecompressionError(
                 "a zstd Codec response decodes only with the dictionary it names",
                 code="zstd_dictionary_missing",
             )
-        return ZstdDecompressor(zstd_dictionary)
+        return ZstdDecompressor(zstd_dictionary, max_bytes)
     raise DecompressionError(
         f"response Content-Encoding {quoted(content_encoding or '')} is not one we decode",
         code="unsupported_content_encoding",

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.decompressors import (
+    DEFAULT_MAX_BYTES,
     DecompressionError,
     StreamDecompressor,
     new_decompressor,
@@ -42,8 +43,9 @@ def compressed(coding: str, parts: list[bytes]) -> tuple[bytes, list[int]]:
     return wire + compressor.flush(), ends
 
 
-def decompressor(coding: str) -> StreamDecompressor:
-    return new_decompressor(coding, DICTIONARY.data if coding == "zstd" else None)
+def decompressor(coding: str, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamDecompressor:
+    dictionary = DICTIONARY.data if coding == "zstd" else None
+    return new_decompressor(coding, dictionary, max_bytes=max_bytes)
 
 
 PARTS = [b"\x82\xa3ids\x91\xcd%\xeb\xa4done\xc2", b"hello " * 40, b"", bytes(range(256))]
@@ -132,3 +134,32 @@ def test_a_coding_it_does_not_know_fails() -> None:
     with pytest.raises(DecompressionError, match="'deflate'") as caught:
         new_decompressor("deflate")
     assert caught.value.code == "unsupported_content_encoding"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "zstd"])
+def test_a_decompression_bomb_is_refused_before_its_output_exists(coding: str) -> None:
+    # A few KiB that decode to 64 MiB: refused once the stream's cap is passed, and no call
+    # ever holds more than the cap (the decoders are driven with an output limit).
+    cap = 1 << 20
+    bomb, _ = compressed(coding, [b"\x00" * (64 << 20)])
+    assert len(bomb) < 256 << 10
+    unpacker = decompressor(coding, max_bytes=cap)
+
+    def feed_all() -> None:
+        for start in range(0, len(bomb), 4096):
+            unpacker.feed(bomb[start : start + 4096])
+
+    with pytest.raises(DecompressionError) as refused:
+        feed_all()
+    assert refused.value.code == "decompressed_too_large"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "zstd"])
+def test_a_stream_right_at_its_cap_decodes_whole(coding: str) -> None:
+    cap = 1 << 16
+    data = bytes(range(256)) * (cap // 256)
+    unpacker = decompressor(coding, max_bytes=cap)
+    stream, _ = compressed(coding, [data])
+    out = b"".join(unpacker.feed(stream[i : i + 1000]) for i in range(0, len(stream), 1000))
+    unpacker.flush()
+    assert out == data
