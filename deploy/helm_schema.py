@@ -25,9 +25,9 @@ from proxy.settings import ModelSettings, Option, Settings
 
 SCHEMA = Path(__file__).resolve().parent / "helm" / "codec-proxy" / "values.schema.json"
 
-# Settings the chart derives from other values (mode, port, tokenizer.*, models, defaultModel,
-# policy.*, apiKeys.*, drainTimeout) or that the image sets (host); `config` may not repeat
-# them. The same list is in templates/_helpers.tpl ("codec-proxy.managedSettings").
+# Settings the chart derives from other values (mode, port, adminPort, tokenizer.*, models,
+# defaultModel, policy.*, apiKeys.*, drainTimeout) or that the image sets (host); `config` may
+# not repeat them. The same list is in templates/_helpers.tpl ("codec-proxy.managedSettings").
 MANAGED = (
     "upstream",
     "tokenizer",
@@ -35,6 +35,7 @@ MANAGED = (
     "default_model",
     "host",
     "port",
+    "admin_port",
     "drain_timeout",
     "version_policy",
     "deployment_id",

@@ -188,7 +188,11 @@ def run_proxy(settings: Settings, *, source: ConfigSource | None = None, banner:
         if settings.workers > 1:
             from proxy.server.process.workers import supervise
 
-            print(f"codec-proxy: {settings.workers} workers on port {settings.port}", flush=True)
+            admin = "" if settings.admin_port is None else f" (admin port {settings.admin_port})"
+            print(
+                f"codec-proxy: {settings.workers} workers on port {settings.port}{admin}",
+                flush=True,
+            )
             if banner:
                 print(banner, flush=True)
             supervise(settings, functools.partial(run_worker, settings, source=source))
@@ -249,6 +253,11 @@ def announcement(settings: Settings, served: ServedModels) -> list[str]:
     """What a serving process prints once it listens: where, and each model's upstreams
     (without their credentials: the console is a log too), tokenizer and map."""
     lines = [f"codec-proxy {__version__} on http://{settings.host}:{settings.port}"]
+    if settings.admin_port is not None:
+        lines.append(
+            f"  /livez, /readyz, /metrics on http://{settings.host}:{settings.admin_port}; "
+            f"port {settings.port} relays those paths upstream"
+        )
     for model in served:
         named = "" if model.config.any_name else f"{model.name}: "
         lines.append(

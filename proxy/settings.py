@@ -165,6 +165,17 @@ class Settings:
     )
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8080, help="port to listen on", minimum=0, maximum=65535)
+    # An endpoint picker (Gateway API Inference Extension, llm-d) scrapes the model server's
+    # metrics at the port it routes to, which a sidecar proxy holds: with an admin port the
+    # serving port relays /metrics and the probes' paths to the backend like any other route
+    # (docs/DEPLOY.md, "Behind an endpoint picker").
+    admin_port: int | None = option(
+        None,
+        help="serve /livez, /readyz and the proxy's /metrics on this port (same host) instead; "
+        "the serving port then relays those paths to the backend",
+        minimum=1,
+        maximum=65535,
+    )
     # Only a default, as it always was: one model by `upstream` serves any name, relays the
     # backend's /v1/models, and passes JSON on as sent (a `models` list routes by name).
     model: str | None = option(
@@ -433,6 +444,8 @@ class Settings:
         tokenizer: object = self.tokenizer
         if isinstance(tokenizer, str):
             object.__setattr__(self, "tokenizer", Path(tokenizer))
+        if self.admin_port is not None and self.admin_port == self.port:
+            raise ValueError(f"'admin_port' {self.admin_port} is also 'port': give it its own")
         if self.models:
             given = [n for n in ("upstream", "tokenizer", "model", "map_id", "zstd_dicts")
                      if getattr(self, n)]  # fmt: skip
@@ -465,6 +478,11 @@ class Settings:
             raise ValueError("'upstream' needs at least one URL")
         if self.tokenizer is None:
             raise ValueError("'tokenizer' is required")
+
+    @property
+    def probe_port(self) -> int:
+        """Where /livez, /readyz and the proxy's own /metrics answer."""
+        return self.port if self.admin_port is None else self.admin_port
 
     def model_list(self) -> tuple[ModelConfig, ...]:
         """Every model, the default first, with each unset key taken from the top level."""

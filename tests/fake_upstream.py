@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 UPSTREAM_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "upstream"
 
@@ -77,6 +78,21 @@ def load_capture(name: str) -> Capture:
     return Capture(int(status), reason, tuple(headers), body)
 
 
+# A backend's Prometheus metrics as an endpoint picker reads them (vLLM's names: the queue and
+# the KV cache it routes by), for `FakeUpstream.paths`.
+BACKEND_METRICS = Capture(
+    200,
+    "OK",
+    (("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),),
+    b"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    b"# TYPE vllm:num_requests_waiting gauge\n"
+    b'vllm:num_requests_waiting{model_name="smollm2"} 3.0\n'
+    b"# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+    b"# TYPE vllm:kv_cache_usage_perc gauge\n"
+    b'vllm:kv_cache_usage_perc{model_name="smollm2"} 0.42\n',
+)
+
+
 @dataclass
 class Script:
     """What the fake answers next, and how."""
@@ -134,6 +150,8 @@ class FakeUpstream:
     outcomes: list[str] = field(default_factory=list)
     # Event-loop times at which scripted stalls began.
     stalled_at: list[float] = field(default_factory=list)
+    # Paths answered with a capture of their own, whatever the script (a backend's /metrics).
+    paths: dict[str, Capture] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         # Request bodies are recorded as sent, content coding and all, and may be as long as
@@ -151,6 +169,12 @@ class FakeUpstream:
             self.health_checks.append(recorded)
             return web.json_response({"status": self.health_status}, status=self.health_code)
         self.requests.append(recorded)
+        own = self.paths.get(request.path)
+        if own is not None:
+            headers = CIMultiDict(own.headers)
+            return web.Response(
+                status=own.status, reason=own.reason, headers=headers, body=own.body
+            )
         if request.path == "/health":
             return web.json_response({"status": "ok"})
         if request.path == "/v1/models":

@@ -33,14 +33,15 @@ class ServeProcess:
             start_new_session=True,
         )  # fmt: skip
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, url: str | None = None) -> None:
+        """Until `/readyz` at `url` (default: the serving port's) answers 200."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 out = self.stop()[-3000:]
                 raise AssertionError(f"proxy exited with {self.proc.returncode}:\n{out}")
             try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
+                with urllib.request.urlopen((url or self.url) + "/readyz", timeout=2) as resp:
                     if resp.status == 200:
                         return
             except OSError:

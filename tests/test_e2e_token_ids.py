@@ -11,10 +11,13 @@ the drift check at start) that it is llama.cpp, and asks only for llama.cpp's fi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from typing import Any
 
 import aiohttp
+import codecai
 import msgpack
 import pytest
 
@@ -22,7 +25,9 @@ from proxy import assets
 from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire import codec_pb2
 from proxy.server import create_app
+from proxy.server.models.verification import _DECODERS
 from proxy.settings import Settings
+from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.server.conftest import AiohttpClient, ProxyClient, default_model
@@ -121,13 +126,21 @@ def sent_fields(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 async def make_real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> Any:
-    async def make(mode: str) -> ProxyClient:
+    async def make(mode: str, vocabulary: Vocabulary | None = None, **changes: Any) -> ProxyClient:
+        vocabulary = vocabulary or smollm2_vocabulary
         settings = Settings(
             upstream=(llama_server,),
-            tokenizer=smollm2_vocabulary.loaded.source,
+            tokenizer=vocabulary.loaded.source,
             token_ids=mode,  # type: ignore[arg-type]
+            **changes,
         )
-        return await aiohttp_client(create_app(settings, smollm2_vocabulary))
+        proxy = await aiohttp_client(create_app(settings, vocabulary))
+        digest = default_model(proxy).published.digest
+        for _ in range(3000):  # a verified stream needs the map's decoder, built off the loop
+            if not settings.verify_sample_rate or digest in _DECODERS:
+                break
+            await asyncio.sleep(0.01)
+        return proxy
 
     return make
 
@@ -236,3 +249,119 @@ async def test_chat_on_the_real_server(
         rendered = render(codecai_map(smollm2_vocabulary.loaded), await codecai_frames(raw, fmt))
         assert rendered == text
         assert smollm2_vocabulary.loaded.tokenizer.decode(ours) == text
+
+
+# OpenAI's `stop`: the matched stop string is not part of the answer. llama.cpp reports its
+# token in a chunk with text "" (" has", "," below) or with the text before it (" " of " ==").
+STOPS = [
+    ("The capital of France is", " has"),
+    ("The United States of America is", ","),
+    ("if x == 1:\n    print(x)\nelif x", "=="),
+]
+
+
+async def test_a_stop_string_is_not_part_of_a_codec_answer(
+    make_real_proxy: Any, llama_server: str, smollm2_vocabulary: Vocabulary
+) -> None:
+    proxy = await make_real_proxy("auto", verify_sample_rate=1.0)
+    tokenizer_map = codecai_map(smollm2_vocabulary.loaded)
+    tokenizer = smollm2_vocabulary.loaded.tokenizer
+    streams = 0
+    for prompt, stop in STOPS:
+        completions = sampling(prompt=prompt, max_tokens=24, stop=[stop])
+        messages = [{"role": "user", "content": prompt}]
+        chat = sampling(messages=messages, max_tokens=24, stop=[stop])
+        for path, body in [("/v1/completions", completions), ("/v1/chat/completions", chat)]:
+            answer = await direct_text(llama_server, path, body)
+            for fmt in ("msgpack", "protobuf"):
+                source, _, raw = await codec(proxy, path, fmt, json={**body, "stream_format": fmt})
+                assert source == "backend"
+                assert render(tokenizer_map, await codecai_frames(raw, fmt)) == answer, (path, stop)
+                streams += 1
+        # Path B: the same prompt as IDs, its `stop` in the CodecRequest.
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        answer = await direct_text(
+            llama_server, "/v1/completions", {**completions, "prompt": prompt_ids}
+        )
+        request = {"prompt_ids": prompt_ids, "max_tokens": 24, "temperature": 0, "stop": [stop]}
+        _, _, raw = await codec(
+            proxy,
+            "/v1/completions/codec",
+            data=msgpack.packb(request),
+            headers={"Content-Type": "application/x-msgpack"},
+        )
+        assert render(tokenizer_map, await codecai_frames(raw, "msgpack")) == answer, stop
+        streams += 1
+    # Every stream was verified, and the verifier agrees: no critical alert on stop strings.
+    async with proxy.get("/metrics") as resp:
+        metrics = await resp.text()
+    assert f'codec_proxy_verify_streams_total{{model="default",result="match"}} {streams}.0' in (
+        metrics
+    )
+    assert 'result="mismatch"' not in metrics
+
+
+# llama.cpp refuses `logprobs` with `tools` in a stream, so a chat request that carries a tools
+# array gets no IDs from it: any client can have its text retokenized that way.
+TOOLS = [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
+
+
+async def codec_text(proxy: ProxyClient, body: dict[str, Any], fmt: str) -> tuple[str, str]:
+    """What codecai shows of a Codec chat stream, read with the map the proxy publishes."""
+    source, _, raw = await codec(
+        proxy, "/v1/chat/completions", fmt, json={**body, "stream_format": fmt}
+    )
+    published = codecai.TokenizerMap.from_json(default_model(proxy).published.body)
+    return source, render(published, await codecai_frames(raw, fmt))
+
+
+async def verified_matches(proxy: ProxyClient) -> int:
+    async with proxy.get("/metrics") as resp:
+        metrics = await resp.text()
+    assert 'result="mismatch"' not in metrics
+    match = re.search(r'verify_streams_total\{model="default",result="match"\} (\d+)', metrics)
+    return int(match.group(1)) if match else 0
+
+
+async def test_chat_with_tools_is_retokenized_to_the_json_text(
+    make_real_proxy: Any, llama_server: str, sent_fields: list[dict[str, Any]]
+) -> None:
+    proxy = await make_real_proxy("auto", verify_sample_rate=1.0)
+    questions = ["What is the capital of France?", "Say: na\u0308ive re\u0301sume\u0301"]
+    for index, question in enumerate(questions):
+        body = sampling(messages=[{"role": "user", "content": question}], tools=TOOLS)
+        body["max_tokens"] = 32
+        answer = await direct_text(llama_server, "/v1/chat/completions", body)
+        source, shown = await codec_text(proxy, body, "protobuf" if index else "msgpack")
+        assert sent_fields[-1] == {}  # nothing asked for: llama.cpp would refuse the request
+        assert (source, shown) == ("retokenized", answer)
+    assert await verified_matches(proxy) == len(questions)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "question", "trap"),
+    [
+        # Qwen3 normalizes to NFC: "a" + U+0308 would come back as "ä".
+        (assets.QWEN3_TOKENIZER, "Say: na\u0308ive re\u0301sume\u0301", "a\u0308"),
+        # SentencePiece (Mistral) reads a literal "▁" as a space.
+        (assets.MISTRAL_TOKENIZER, "Repeat exactly: a\u2581b \u2581\u2581 c\u2581d", "\u2581"),
+    ],
+    ids=["qwen3-nfc", "mistral-metaspace"],
+)
+async def test_retokenized_text_a_tokenizer_would_change_is_the_json_text(
+    make_real_proxy: Any, llama_server: str, tokenizer: Any, question: str, trap: str
+) -> None:
+    # The same real server behind a proxy that serves another family's tokenizer (the drift
+    # check would refuse it, so it is off): text that tokenizer would give back otherwise,
+    # as a client forcing retokenization with `tools` can have the model write it.
+    vocabulary = Vocabulary.build(load_tokenizer(tokenizer.ensure()))
+    proxy = await make_real_proxy("auto", vocabulary, verify_sample_rate=1.0, drift_check=False)
+    body = sampling(messages=[{"role": "user", "content": question}], tools=TOOLS)
+    body["max_tokens"] = 24
+    answer = await direct_text(llama_server, "/v1/chat/completions", body)
+    assert trap in answer  # the model wrote the trap
+    source, shown = await codec_text(proxy, body, "msgpack")
+    assert source == "retokenized"
+    # A SentencePiece map: codecai keeps the space SentencePiece prepends to a text.
+    assert shown in (answer, " " + answer)
+    assert await verified_matches(proxy) == 1

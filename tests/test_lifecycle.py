@@ -4,7 +4,9 @@ that leaves makes the real llama.cpp server stop generating at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -16,10 +18,11 @@ import pytest
 from proxy import assets
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
+from proxy.embedded import free_port
 from proxy.server import create_app
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
-from tests.fake_upstream import FakeUpstream, Script, load_capture
+from tests.fake_upstream import BACKEND_METRICS, FakeUpstream, Script, load_capture
 from tests.llama_slots import busy_slots, generation_seconds, idle_long_before_done, wait_idle
 from tests.process_support import ServeProcess
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
@@ -146,6 +149,109 @@ async def test_two_workers_share_the_port_and_their_metrics(
     # Every worker logs, worker 0 included (a spawned process starts without logging set up).
     access = [line for line in out.splitlines() if "codec_proxy.access" in line]
     assert sum("route=/v1/completions" in line for line in access) == requests
+
+
+# --- an admin port (endpoint pickers scrape the serving port) ----------------------------------
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` has a listening socket on (Linux /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def get(url: str) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session:  # a new connection: any worker may answer
+        async with session.get(url) as resp:
+            return resp.status, await resp.read()
+
+
+async def get_retried(url: str) -> int:
+    """A GET's status, retried while a worker that drained closes its socket under it."""
+    for _ in range(20):
+        try:
+            return (await get(url))[0]
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never answered")
+
+
+def completions_total(text: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("codec_proxy_requests_total{") and 'route="/v1/completions"' in line
+    )
+
+
+async def test_two_workers_with_an_admin_port(
+    slow_upstream: tuple[FakeUpstream, str], proxy_process: StartProxy
+) -> None:
+    fake, url = slow_upstream
+    fake.paths["/metrics"] = BACKEND_METRICS
+    admin_port = free_port()
+    admin = f"http://127.0.0.1:{admin_port}"
+    proxy = proxy_process(url, "--workers", "2", "--admin-port", str(admin_port))
+    await asyncio.to_thread(proxy.wait_ready, admin)
+    # Every worker listens on both ports (SO_REUSEPORT), the supervisor on none.
+    deadline = time.monotonic() + 30
+    while True:
+        listening = [listening_ports(pid) for pid in children(proxy.proc.pid)]
+        if sorted(map(sorted, listening)).count(sorted({proxy.port, admin_port})) == 2:
+            break
+        assert time.monotonic() < deadline, listening
+        await asyncio.sleep(0.1)
+    assert listening_ports(proxy.proc.pid) == set()
+
+    requests = 16
+    for _ in range(requests):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(proxy.url + "/v1/completions", json={"prompt": "x"}) as resp:
+                assert resp.status == 200
+                await resp.read()
+    for _ in range(6):
+        # The serving port: the backend's metrics, byte for byte, whichever worker relays.
+        assert await get(proxy.url + "/metrics") == (200, BACKEND_METRICS.body)
+        # The admin port: the proxy's own, every worker's requests in each answer.
+        status, own = await get(admin + "/metrics")
+        assert (status, completions_total(own.decode())) == (200, float(requests))
+    assert await get_retried(admin + "/livez") == 200
+    relayed = [r.path_qs for r in fake.requests if r.method == "GET"]
+    assert relayed == ["/metrics"] * 6
+
+    # SIGTERM mid-stream: the serving port stops accepting, the admin port still answers probes
+    # (not ready) until the last worker has drained and exits.
+    fake.script = Script(load_capture(SAMPLE), delay=0.03)  # about 2 s of streaming
+    frames: list[Frame] = []
+    async for frame in stream_frames(proxy.url, {"prompt": "x", "stream_format": "msgpack"}):
+        if not frames:
+            proxy.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await get(proxy.url + "/readyz")
+            assert await get_retried(admin + "/readyz") == 503
+            assert await get_retried(admin + "/livez") == 200
+        frames.append(frame)
+    assert frames[-1].finish_reason == "length"
+    assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
+    out = proxy.stop()
+    assert f"2 workers on port {proxy.port} (admin port {admin_port})" in out
+    assert f"/livez, /readyz, /metrics on http://127.0.0.1:{admin_port}" in out
 
 
 # --- the real backend: a client that leaves frees the llama.cpp slot ---------------------------

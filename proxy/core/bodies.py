@@ -157,7 +157,14 @@ class CodecBody:
         return self._guard.done
 
     def feed(self, chunk: bytes, now: float) -> bytes:
-        return self._sent(self._writer.feed(self._verified(self._guard.feed(chunk)), now))
+        # Once per upstream chunk: the helpers `flush` and `fail` use are inlined here.
+        frames = self._guard.feed(chunk)
+        if self._verifier is not None:
+            frames = self._verified(frames)
+        data = self._writer.feed(frames, now)
+        if data:
+            self._started = True
+        return data
 
     def deadline(self) -> float | None:
         return self._writer.deadline()

@@ -14,6 +14,7 @@ from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
 from proxy.otlp import tracing_config
 from proxy.server.control import local, model_list, well_known
+from proxy.server.control.admin import ADMIN_APP, admin_app
 from proxy.server.control.auth import api_key_middleware
 from proxy.server.control.errors import error_middleware
 from proxy.server.control.expect import expect_middleware, with_expect_handler
@@ -25,7 +26,12 @@ from proxy.server.control.generation import (
 )
 from proxy.server.control.local import SCHEMA_TEXT
 from proxy.server.control.observe import observe_middleware
-from proxy.server.control.versioning import VERSION_NOTICES, VersionNotices, strip_withheld_headers
+from proxy.server.control.versioning import (
+    VERSION_NOTICES,
+    VersionNotices,
+    announce_server_version,
+    strip_withheld_headers,
+)
 from proxy.server.control.well_known import MAPS, PUBLIC_ORIGIN, MapStore
 from proxy.server.data.drain import LIFECYCLE, READINESS, Lifecycle
 from proxy.server.models.live import LIVE, LiveConfig, build_live, snapshot_middleware
@@ -43,13 +49,14 @@ from proxy.server.telemetry.tracing import TRACING, Tracing
 from proxy.settings import Settings
 
 
-def routes() -> list[web.RouteDef]:
+def routes(*, probes: bool = True) -> list[web.RouteDef]:
+    """The serving port's routes; `probes=False` when an admin listener answers the probes."""
     handlers = {COMPLETIONS: completions, CHAT: chat_completions}
     generation = [web.post(path, handlers[e]) for e in handlers for path in e.paths]
     return with_expect_handler(
         [
             # The proxy's own and the Codec documents: answered here, never relayed upstream.
-            *local.routes(),
+            *local.routes(probes=probes),
             *well_known.routes(),
             *generation,
             web.post(CODEC_REQUEST_PATH, completions_codec),
@@ -79,6 +86,9 @@ def create_app(
     traces = tracing_config(settings.otlp_traces_endpoint)
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
     live = build_live(settings, {model.name: model.vocabulary for model in served})
+    # With an admin listener the probes and the proxy's metrics are there, and these paths are
+    # relayed here like any other (server/control/admin.py).
+    probes = settings.admin_port is None
     # Outermost first: the request's configuration snapshot; every request is recorded;
     # errors become JSON before they are recorded; `Expect: 100-continue` is answered only
     # once the key is checked.
@@ -86,7 +96,7 @@ def create_app(
         snapshot_middleware,
         observe_middleware,
         error_middleware,
-        api_key_middleware(open_routes=[*local.routes(), *well_known.routes()]),
+        api_key_middleware(open_routes=[*local.routes(probes=probes), *well_known.routes()]),
         expect_middleware,
     ]
     # Request bodies are read as sent: Codec requests are decoded by us with a cap on the
@@ -121,7 +131,9 @@ def create_app(
         tracing = app[TRACING] = Tracing(traces)
         app.cleanup_ctx.append(tracing.context)
         app.on_response_prepare.append(echo_trace)
-    # The one place the header floors are applied (server/control/versioning.py).
+    app.on_response_prepare.append(announce_server_version)
+    # The one place the header floors are applied (server/control/versioning.py): after every
+    # hook that adds a Codec header.
     app.on_response_prepare.append(strip_withheld_headers)
 
     install_reloads(app)
@@ -132,5 +144,7 @@ def create_app(
     app.cleanup_ctx.append(
         served_models_context(settings, lambda: served.publish_gauges(metrics, app[LIVE].current))
     )
-    app.add_routes(routes())
+    app.add_routes(routes(probes=probes))
+    if not probes:
+        app[ADMIN_APP] = admin_app(app)
     return app

@@ -23,11 +23,8 @@ class Vocabulary:
 
     @classmethod
     def build(cls, loaded: LoadedTokenizer) -> Vocabulary:
-        return cls(
-            loaded,
-            RetokenizerScheme.from_tokenizer(loaded.tokenizer, loaded.encoder),
-            TokenBytes.from_tokenizer(loaded.tokenizer, loaded.encoder),
-        )
+        scheme = RetokenizerScheme.from_tokenizer(loaded.tokenizer, loaded.encoder)
+        return cls(loaded, scheme, scheme.token_bytes)
 
     @cached_property
     def map_content(self) -> MapContent:

@@ -2,10 +2,11 @@
 
     errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
        ↖           ↙                     ↖                                    ↙
-          backend                           verify
+          backend                           verify ← render
     (http: the upstream body asks each kind of backend in its own field; verify: the published
-    map's decoder and a sampled stream's verdict, which a Codec body keeps; `shown`, how a
-    message shows a value it did not choose, is beside `errors`, below every stage)
+    map's decoder and a sampled stream's verdict, which a Codec body keeps; render: frames back
+    to OpenAI JSON with that decoder and compression's decompressors; `shown`, how a message
+    shows a value it did not choose, is beside `errors`, below every stage)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
 imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
@@ -41,6 +42,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         {"errors", "shown", "wire", "http", "stream", "compression", "safety", "guard", "verify"}
     ),
     "endpoints": frozenset({"errors", "shown", "wire", "http", "stream", "safety"}),
+    # Codec frames back to OpenAI JSON: the frame decoder, the published map's bytes (verify's
+    # MapDecoder), a Codec body's content coding undone (compression's decompressors).
+    "render": frozenset({"errors", "shown", "wire", "compression", "verify"}),
 }
 
 

@@ -52,7 +52,6 @@ TESTED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     ),
     "wire/decoder.py": ("tests/core/wire/test_frames.py", "tests/server/test_codec_stream.py"),
     "wire/delta.py": ("tests/core/wire/test_frame_extensions.py",),
-    "wire/finish.py": ("tests/core/http/test_versioning.py",),
     "wire/protowire.py": ("tests/core/wire/test_codec_request.py",),
     "wire/schema.py": ("tests/server/test_schema.py",),
     "wire/tool_calls.py": ("tests/core/wire/test_frames.py", "tests/server/test_chat.py"),

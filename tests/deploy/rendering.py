@@ -90,10 +90,12 @@ TARGETS = (
     Target("kustomize/standalone", "standalone", tokenizer_in_image=True),
     Target("kustomize/sidecar", "sidecar"),
     Target("kustomize/multi-model", "standalone"),
+    Target("kustomize/inference-pool", "sidecar"),
     Target("helm/defaults", "standalone"),
     Target("helm/standalone", "standalone"),
     Target("helm/sidecar", "sidecar"),
     Target("helm/multimodel", "standalone"),
+    Target("helm/inferencepool", "sidecar"),
 )
 
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy import dockerfile
 from proxy import config
+from proxy.embedded import free_port
 from proxy.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +132,49 @@ def test_exposed_and_health_checked_port_is_the_default_port() -> None:
     fallback = re.search(r"get\('CODEC_PROXY_PORT', '(\d+)'\)", check.args)
     assert fallback is not None
     assert int(fallback.group(1)) == default
+
+
+@pytest.fixture
+def livez_port() -> Iterator[int]:
+    """A port where GET /livez answers 200 (and anything else 404)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/livez" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("variables", "healthy"),
+    [
+        ({"CODEC_PROXY_PORT": "{live}"}, True),
+        ({"CODEC_PROXY_PORT": "{dead}"}, False),
+        # With an admin port, /livez is there only (the serving port relays that path upstream).
+        ({"CODEC_PROXY_PORT": "{dead}", "CODEC_PROXY_ADMIN_PORT": "{live}"}, True),
+        ({"CODEC_PROXY_PORT": "{live}", "CODEC_PROXY_ADMIN_PORT": "{dead}"}, False),
+    ],
+)
+def test_the_health_check_asks_the_port_livez_is_on(
+    livez_port: int, variables: dict[str, str], healthy: bool
+) -> None:
+    (check,) = dockerfile.parse(DOCKERFILE).final.all("HEALTHCHECK")
+    command = dockerfile.Instruction("CMD", check.args[check.args.index("CMD") + 3 :].strip(), 0)
+    python, *rest = command.exec_form() or []
+    assert python == "python"
+    dead = free_port()  # nothing listens there
+    env = {k: v.format(live=livez_port, dead=dead) for k, v in variables.items()}
+    result = subprocess.run([sys.executable, *rest], env=env, capture_output=True, check=False)
+    assert (result.returncode == 0) is healthy, result.stderr
 
 
 def test_continuations_comments_and_variables_are_read_as_docker_does(tmp_path: Path) -> None:

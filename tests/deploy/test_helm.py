@@ -26,8 +26,8 @@ from tests.deploy.rendering import (
     proxy_pod,
 )
 
-VALUES = (None, "standalone", "sidecar", "multimodel")  # None: the chart's defaults
-VALUE_IDS = ["defaults", "standalone", "sidecar", "multimodel"]
+VALUES = (None, "standalone", "sidecar", "multimodel", "inferencepool")  # None: the defaults
+VALUE_IDS = ["defaults", "standalone", "sidecar", "multimodel", "inferencepool"]
 
 
 def values_args(name: str | None) -> list[str | Path]:
@@ -165,6 +165,15 @@ def test_secrets_are_refused_under_config(helm: Path, name: str) -> None:
         (["--set", "mode=sidecar"], "sidecar.podTemplate.spec.containers"),
         (["--set", "tokenizer.existingVolume=weights", *map(str, values_args("sidecar"))],
          "no volume weights"),
+        (["--set", "adminPort=8080"], "adminPort must differ from port"),
+        (["--set", "adminPort=0"], "adminPort"),
+        # Behind an endpoint picker: the inference pods, with the engine's metrics relayed.
+        (["--set", "inferencePool.enabled=true", "--set", "adminPort=8081",
+          "--set", "inferencePool.endpointPicker.name=epp"], "needs mode: sidecar"),
+        (["--set", "adminPort=null", *map(str, values_args("inferencepool"))],
+         "inferencePool.enabled needs adminPort"),
+        (["--set", "inferencePool.endpointPicker.name=", *map(str, values_args("inferencepool"))],
+         "inferencePool.endpointPicker.name"),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused(helm: Path, args: list[str], message: str) -> None:

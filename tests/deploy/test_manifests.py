@@ -33,8 +33,12 @@ from tests.deploy.rendering import (
 
 # The oldest Kubernetes these manifests are for, and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
-# Custom resources: their schemas are not Kubernetes', and are checked in test_metrics_*.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Custom resources: their schemas are not Kubernetes'. A ServiceMonitor's fields are checked in
+# test_metrics_*, an InferencePool against its CRD in test_inference_pool.py.
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),
+}
 
 
 def default(name: str) -> Any:
@@ -97,6 +101,7 @@ def test_upstream_is_the_pods_engine_or_a_cluster_service(target: Target, docs: 
 
 
 def test_probes_are_the_proxys_own_routes_on_its_port(docs: list[Doc]) -> None:
+    """On the admin port when there is one: the serving port relays these paths upstream."""
     settings = effective_settings(docs).settings
     pod = proxy_pod(docs)
     container = pod.container()
@@ -108,27 +113,34 @@ def test_probes_are_the_proxys_own_routes_on_its_port(docs: list[Doc]) -> None:
     for probe, path in probes.items():
         get = container[probe]["httpGet"]
         assert get["path"] == path, probe
-        assert pod.port(container, get["port"]) == settings.port, probe
+        assert pod.port(container, get["port"]) == settings.probe_port, probe
 
 
-def test_the_container_port_is_the_settings_port(docs: list[Doc]) -> None:
+def test_the_container_ports_are_the_settings_ports(docs: list[Doc]) -> None:
     settings = effective_settings(docs).settings
     assert settings.port == default("port")
     container = proxy_pod(docs).container()
-    (port,) = container["ports"]
-    assert port["containerPort"] == settings.port
-    assert port["protocol"] == "TCP"
+    ports = {port["containerPort"]: port for port in container["ports"]}
+    wanted = {settings.port} | ({settings.admin_port} - {None})
+    assert set(ports) == wanted
+    assert all(port["protocol"] == "TCP" for port in ports.values())
 
 
-def test_the_service_exposes_the_proxys_port_only(docs: list[Doc]) -> None:
+def test_the_service_exposes_the_proxys_ports_only(docs: list[Doc]) -> None:
     settings = effective_settings(docs).settings
     pod = proxy_pod(docs)
     service = one(docs, "Service")
     assert service["spec"]["selector"].items() <= pod.labels.items()
-    (port,) = service["spec"]["ports"]
-    assert pod.port(pod.container(), port["targetPort"]) == settings.port
-    # HTTP/1.1 to the proxy: the only protocol it speaks (Gateway API reads appProtocol).
-    assert port["appProtocol"] == "http"
+    serving, *admin = service["spec"]["ports"]
+    assert pod.port(pod.container(), serving["targetPort"]) == settings.port
+    # The admin port only for a ServiceMonitor to select.
+    assert [pod.port(pod.container(), p["targetPort"]) for p in admin] in (
+        [],
+        [settings.admin_port],
+    )
+    for port in service["spec"]["ports"]:
+        # HTTP/1.1 to the proxy: the only protocol it speaks (Gateway API reads appProtocol).
+        assert port["appProtocol"] == "http"
 
 
 def test_metrics_are_scraped_from_the_proxy(docs: list[Doc]) -> None:
@@ -137,7 +149,7 @@ def test_metrics_are_scraped_from_the_proxy(docs: list[Doc]) -> None:
     path = route_of(metrics_handler)
     annotations = pod.annotations
     assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(settings.port)
+    assert annotations["prometheus.io/port"] == str(settings.probe_port)
     assert annotations["prometheus.io/path"] == path
     for monitor in of_kind(docs, "ServiceMonitor"):
         service = one(docs, "Service")
@@ -146,7 +158,7 @@ def test_metrics_are_scraped_from_the_proxy(docs: list[Doc]) -> None:
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint["path"] == path
         ports = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-        assert pod.port(pod.container(), ports[endpoint["port"]]) == settings.port
+        assert pod.port(pod.container(), ports[endpoint["port"]]) == settings.probe_port
 
 
 def prestop_sleep(container: Doc) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 from proxy.core.wire.decoder import FrameDecoder
@@ -46,3 +48,12 @@ def with_swapped_map_ids(vocabulary: Vocabulary, text: str) -> Vocabulary:
     # `map_content` is a cached property: seeding its cache is how the published map changes.
     swapped.__dict__["map_content"] = dataclasses.replace(content, vocab=vocab)
     return swapped
+
+
+async def wait_for(predicate: Callable[[], bool], seconds: float = 3.0) -> None:
+    """Until `predicate()` holds; fails the test after `seconds`."""
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")

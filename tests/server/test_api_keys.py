@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.server.control.local import LOCAL_PATHS
+from proxy.server.control.local import DOCUMENT_PATHS, LOCAL_PATHS
 from tests.fake_upstream import FakeUpstream
 from tests.server.conftest import MakeProxy, ProxyClient
 
@@ -34,14 +34,21 @@ async def test_a_path_the_router_does_not_send_to_a_local_route_needs_a_key(
 async def test_every_method_of_a_local_route_is_answered_locally_without_a_key(
     proxy: ProxyClient, upstream: FakeUpstream, path: str
 ) -> None:
+    # The Codec documents answer a CORS preflight, as the discovery documents do.
+    document = path in DOCUMENT_PATHS
+    allowed = "GET, HEAD, OPTIONS" if document else "GET, HEAD"
     for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "PROPFIND"):
+        if method in allowed:
+            continue
         async with proxy.request(method, path) as resp:
             assert resp.status == 405, method
-            assert resp.headers["Allow"] == "GET, HEAD"
+            assert resp.headers["Allow"] == allowed
             assert (await resp.json())["error"]["code"] == "method_not_allowed"
-    for method in ("GET", "HEAD"):
+    for method in ("GET", "HEAD", *(["OPTIONS"] if document else [])):
         async with proxy.request(method, path) as resp:
-            assert resp.status == 200, method
+            assert resp.status == (204 if method == "OPTIONS" else 200), method
+            if document:
+                assert resp.headers["Access-Control-Allow-Origin"] == "*"
     assert upstream.requests == []
 
 

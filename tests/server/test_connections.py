@@ -245,6 +245,11 @@ async def test_100_continue_only_once_the_key_is_checked(
     await accepted.send(b"{}")
     assert (await accepted.response()).status == 200
     assert upstream.requests[0].body == b"{}"
+    # The expectation was the proxy's to meet, and it met it: the upstream gets the body with
+    # no Expect (which would make it send a 100 of its own and wait a round trip for it).
+    names = {name.lower() for name, _ in upstream.requests[0].raw_headers}
+    assert b"expect" not in names
+    assert b"content-length" in names
 
 
 async def test_a_target_no_route_matches_gets_a_json_404(

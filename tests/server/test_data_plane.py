@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from proxy.core.bodies import CodecBody
 from proxy.core.wire.decoder import FrameDecoder
+from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver
-from tests.server.conftest import AiohttpServer, MakeProxy
+from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
+from tests.server.support import post, wait_for
 
 EVENTS = 300
 PACE_SECONDS = 0.003  # apart enough that most events are a read of their own
@@ -161,7 +166,7 @@ class Window:
 
 
 def stream_through(
-    host: str, port: int, payload: dict[str, Any], loop: Counts
+    host: str, port: int, payload: dict[str, Any], loop: Counts, headers: bytes = b""
 ) -> Callable[[], Window]:
     """A blocking client (run in a thread): send `payload`, read the whole response, and
     take the loop's counts at the first and at the last body byte."""
@@ -171,7 +176,7 @@ def stream_through(
         with socket.create_connection((host, port)) as sock:
             sock.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+                b"%bConnection: close\r\nContent-Length: %d\r\n\r\n%b" % (headers, len(body), body)
             )
             raw = b""
             start: tuple[int, int, int] | None = None
@@ -226,6 +231,29 @@ async def test_a_relayed_event_resumes_no_coroutine_and_arms_no_timer(
     assert window.timers <= 5, window
 
 
+async def test_a_compressed_stream_arms_a_timer_per_flush_window_not_per_event(
+    make_proxy: MakeProxy, paced_upstream: PacedUpstream, counts: Counts
+) -> None:
+    # gzip holds frames for the flush interval: one deadline timer per window of frames (the
+    # deadline moves only when a window opens), never one per event.
+    proxy = await make_proxy(
+        upstream=(paced_upstream.url,), health_interval=3600.0, flush_interval_ms=50.0
+    )
+    assert proxy.port is not None
+    payload = {"prompt": "Hi", "stream_format": "msgpack"}
+    headers = b"Accept-Encoding: gzip\r\nCodec-Client-Version: 0.5\r\n"
+    window = await asyncio.to_thread(
+        stream_through(proxy.host, proxy.port, payload, counts, headers)
+    )
+    frames = FrameDecoder("msgpack").feed(zlib.decompress(window.body, wbits=31))
+    assert sum(f.done for f in frames) == 1
+    assert sum(len(f.ids) for f in frames) >= EVENTS
+    windows = EVENTS * PACE_SECONDS / 0.050  # about 18 flush windows over the stream
+    assert window.timers <= 3 * windows + 5, window
+    assert window.timers < EVENTS // 4, window
+    assert window.scheduled <= 10, window
+
+
 async def test_the_counts_see_a_coroutine_per_event(counts: Counts) -> None:
     # The counter is only worth something if it counts task switches: a task woken per item
     # (what an awaited read per event is) shows up as at least one callback per item.
@@ -243,6 +271,44 @@ async def test_the_counts_see_a_coroutine_per_event(counts: Counts) -> None:
         await asyncio.sleep(0)
     await consumer
     assert counts.scheduled - before >= EVENTS
+
+
+async def test_a_bug_in_a_callback_ends_the_stream_with_one_terminal_frame(
+    proxy: ProxyClient,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # asyncio would log an exception raised in a read callback and drop the connection: the
+    # stream instead ends as an upstream failure does, and says which request it was.
+    caplog.set_level(logging.INFO)
+    upstream.script = Script(load_capture("llamacpp-completions-sample.txt"), delay=0.01)
+    feed = CodecBody.feed
+    calls = 0
+
+    def failing_feed(self: CodecBody, chunk: bytes, now: float) -> bytes:
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise RuntimeError("a bug")
+        return feed(self, chunk, now)
+
+    monkeypatch.setattr(CodecBody, "feed", failing_feed)
+    status, _, raw = await post(
+        proxy, "/v1/completions", json={"prompt": "Hi", "stream_format": "msgpack"}
+    )
+    assert status == 200
+    frames = FrameDecoder("msgpack").feed(raw)
+    assert sum(f.done for f in frames) == 1
+    assert frames[-1].done
+    assert frames[-1].finish_reason == "error"
+    assert sum(len(f.ids) for f in frames) > 0  # what was sent before the bug stands
+    failed = [r for r in caplog.records if r.getMessage().startswith("stream of request")]
+    assert len(failed) == 1
+    assert failed[0].levelname == "ERROR"
+    access = [r for r in caplog.records if r.name == "codec_proxy.access"]
+    assert access[-1].fields["outcome"] == "internal_error"  # type: ignore[attr-defined]
+    await wait_for(lambda: upstream.outcomes == ["aborted"])  # and the backend was stopped
 
 
 async def test_with_traces_on_a_relayed_event_is_still_one_callback(

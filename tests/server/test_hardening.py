@@ -29,6 +29,7 @@ from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
 from tests.server.policy_support import write_policy
+from tests.server.support import wait_for
 
 # What the data plane does with a stream, on both event loops it runs on.
 pytestmark = pytest.mark.uvloop_too
@@ -81,14 +82,6 @@ def blackhole() -> Iterator[str]:
 
 async def frames_of(resp: aiohttp.ClientResponse, fmt: str = "msgpack") -> list[Frame]:
     return FrameDecoder(fmt).feed(await resp.read())  # type: ignore[arg-type]
-
-
-async def wait_for(predicate: Callable[[], bool], seconds: float = 3.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 # --- several upstreams ------------------------------------------------------------------------
@@ -449,6 +442,26 @@ async def test_ttft_timeout_before_the_stream_is_504(
         async with proxy.post("/v1/completions", json=payload) as resp:
             assert resp.status == 504
             assert (await resp.json())["error"]["code"] == "ttft_timeout"
+
+
+async def test_a_head_without_a_body_in_time_is_a_ttft_timeout_counted_against_the_upstream(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    # The head came at once, the first body byte never did: the same 504 as a head that never
+    # came, counted as a ttft timeout, and a failure the balancer hears.
+    upstream.script = Script(load_capture(SAMPLE), stall_after_events=0, stall_seconds=3.0)
+    proxy = await make_proxy(ttft_timeout=0.3, health_interval=60)
+    for payload in (codec_body(), {"prompt": "Hi", "stream": True}):
+        async with proxy.post("/v1/completions", json=payload) as resp:
+            assert resp.status == 504
+            assert (await resp.json())["error"]["code"] == "ttft_timeout"
+        (state,) = default_model(proxy).pool.balancer.upstreams
+        # Each head's 200 reset the count; the timeout after it counted one failure.
+        assert state.consecutive_failures == 1
+        assert "ttft timeout" in (state.last_error or "")
+    async with proxy.get("/metrics") as resp:
+        text = await resp.text()
+    assert 'codec_proxy_timeouts_total{kind="ttft"} 2.0' in text
 
 
 async def test_idle_timeout_mid_codec_stream_is_a_terminal_error_frame(

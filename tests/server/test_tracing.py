@@ -23,10 +23,19 @@ from proxy.core.backend.readiness import Check
 from proxy.core.errors import ConfigError
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.otlp import TracingConfig, tracing_config
+from proxy.server.control.admin import ADMIN_APP
+from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient, default_model
+from tests.server.conftest import (
+    AiohttpClient,
+    AiohttpServer,
+    MakeProxy,
+    ProxyClient,
+    app_of,
+    default_model,
+)
 from tests.server.support import frames_of, post
 
 SAMPLE = "llamacpp-completions-sample.txt"
@@ -525,3 +534,29 @@ async def test_the_proxy_exports_what_is_left_when_it_stops(
     assert receiver[0].spans == []  # held by the batch processor, whose schedule is 10 min
     await proxy.close()  # the app's cleanup: the provider is shut down, its spans flushed
     assert {s.kind for s in receiver[0].spans} == {"server", "client"}
+
+
+async def test_with_an_admin_port_neither_port_traces_the_probes(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    receiver: tuple[OtlpReceiver, str],
+    aiohttp_client: AiohttpClient,
+) -> None:
+    # Any admin port: test servers listen where they choose.
+    serving = await make_proxy(otlp_traces_endpoint=receiver[1], admin_port=1)
+    admin = await aiohttp_client(app_of(serving)[ADMIN_APP])
+    for path in PROBE_PATHS:
+        for client in (serving, admin):  # relayed to the backend's, answered by the proxy
+            async with client.get(path) as resp:
+                assert "traceresponse" not in resp.headers
+                await resp.read()
+    assert {r.path_qs for r in upstream.requests} >= set(PROBE_PATHS)
+    status, _, _ = await post(serving, "/v1/completions", json=CODEC)
+    assert status == 200
+    spans = await receiver[0].wait_for(2)
+    await asyncio.sleep(0.1)
+    assert sorted(s.name for s in receiver[0].spans) == [
+        "POST /v1/completions",
+        "text_completion smollm2",
+    ]
+    assert one(spans, "server").attributes["http.route"] == "/v1/completions"

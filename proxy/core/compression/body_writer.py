@@ -44,6 +44,7 @@ class BodyWriter:
         "_finished",
         "_merge",
         "_pending",
+        "_plain",
         "_policy",
     )
 
@@ -57,6 +58,8 @@ class BodyWriter:
         self._policy = FlushPolicy(config)
         self._pending: list[Frame] = []
         self._finished = False  # the compressed stream has been ended (terminal frame sent)
+        # Every frame written at once, as encoded: nothing to schedule, merge or compress.
+        self._plain = self._every_frame and not self._merge and compressor.coding == IDENTITY
 
     @property
     def finished(self) -> bool:
@@ -66,7 +69,13 @@ class BodyWriter:
         """Frames in stream order; the bytes to send now (often empty while a window fills)."""
         if not frames:
             return b""
-        if self._every_frame:  # identity's path, one per token: no schedule to keep
+        if self._plain:  # identity's path, once per token
+            if frames[-1].done:
+                self._finished = True
+            if len(frames) == 1:
+                return self._encode(frames[0])
+            return b"".join([self._encode(frame) for frame in frames])
+        if self._every_frame:  # no schedule to keep
             self._pending.extend(frames)
             return self._take_pending()
         flush_now = False

@@ -61,16 +61,25 @@ class CodecAccess:
     allow_clients: tuple[str, ...] = ()
     deny_clients: tuple[str, ...] = ()
 
+    def refusal_for_all(self, *, model: str, model_enabled: bool) -> CodecNotEnabled | None:
+        """The refusal every client of this model gets, whoever it is (Codec off on this
+        server or for this model); None when it depends on the client at most. What
+        `/codec/version` says of a model (core/http/server_version.py)."""
+        if not self.enabled:
+            return CodecNotEnabled("disabled", "on this server")
+        if not model_enabled:
+            return CodecNotEnabled("model_disabled", f"for model {model!r}")
+        return None
+
     def check(self, *, model: str, model_enabled: bool, key: str, client: str | None) -> None:
         """Raise `CodecNotEnabled` when this request may not have Codec.
 
         `key` is the Bearer token the client sent ("" without one); `client` the value of the
         configured client header (None when none is configured or the header is absent).
         """
-        if not self.enabled:
-            raise CodecNotEnabled("disabled", "on this server")
-        if not model_enabled:
-            raise CodecNotEnabled("model_disabled", f"for model {model!r}")
+        refusal = self.refusal_for_all(model=model, model_enabled=model_enabled)
+        if refusal is not None:
+            raise refusal
         if self.deny_keys and key and _has_key(key, self.deny_keys):
             raise CodecNotEnabled("key_denied", "for this API key")
         if self.allow_keys and not (key and _has_key(key, self.allow_keys)):

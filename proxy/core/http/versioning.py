@@ -34,6 +34,13 @@ V0_0 = ClientVersion(0, 0)
 V0_2 = ClientVersion(0, 2)
 V0_3 = ClientVersion(0, 3)
 V0_4 = ClientVersion(0, 4)
+V0_5 = ClientVersion(0, 5)
+
+# The Codec version this proxy speaks: v0.5, the latest (codec-spec.md §0), which the I-D
+# (draft-dunn-codec-00) also describes. Sent as `Codec-Server-Version` and in `/codec/version`
+# (core/http/server_version.py).
+SERVER_VERSION = V0_5
+SERVER_VERSION_HEADER = "Codec-Server-Version"
 
 # An absent header means 0.2 for the floors: the spec says both "0.0" and "0.2" (codec-spec.md
 # §11 item 3), every engine uses 0.2, and it keeps the 0.2 headers for header-less clients. It
@@ -99,6 +106,9 @@ HEADER_FLOORS: Mapping[str, ClientVersion] = {
     # get the baseline every engine assumes, like `Codec-Tokenizer-Map`.
     "codec-token-source": V0_2,
     "codec-stream-format": V0_2,
+    # Only the I-D defines it, and the I-D describes version 0.5: introduced after 0.4 for the
+    # rule above, so a 0.4 client keeps seeing a 0.4 server (docs/VERSIONING_AND_SAFETY.md).
+    "codec-server-version": V0_5,
 }
 
 # In-band signals have floors too: `policy_violation` is a v0.4 finish reason; older clients

@@ -108,7 +108,13 @@ def discovery_target(raw_path: str) -> DiscoveryTarget | None:
 
 
 def content_addressed_path(published: PublishedMap) -> str:
-    return f"{WELL_KNOWN_PREFIX}{MAPS_PREFIX}{CONTENT_ADDRESSED_PREFIX}{published.digest}.json"
+    return map_path_by_digest(published.digest)
+
+
+def map_path_by_digest(digest: str) -> str:
+    """Where the map whose bytes hash to `digest` (64 hex) is served: the path a client that
+    knows only the digest (from `Codec-Tokenizer-Map`) fetches and checks the bytes against."""
+    return f"{WELL_KNOWN_PREFIX}{MAPS_PREFIX}{CONTENT_ADDRESSED_PREFIX}{digest}.json"
 
 
 def origin_of(scheme: str, host: str | None) -> str | None:

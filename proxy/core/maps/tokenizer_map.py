@@ -115,6 +115,19 @@ class PublishedMap:
         return f"{self.id} {self.hash}"
 
 
+def digest_of_header(value: str | None) -> str | None:
+    """The 64-hex digest a `Codec-Tokenizer-Map` value names, as a client reads it: our form
+    (`<id> sha256:<hex>`, `PublishedMap.header_value`) or the spec's (`sha256:<hex>`). None
+    for anything else, the proposal's shortened digests included: a client can pin a map only
+    by the whole digest it hashes the map's bytes to (interop.md §1.5)."""
+    if value is None:
+        return None
+    parts = value.split()
+    if not 1 <= len(parts) <= 2 or not _HASH.fullmatch(parts[-1]):
+        return None
+    return parts[-1].removeprefix("sha256:")
+
+
 def map_document(
     map_id: str, content: MapContent, dictionaries: Sequence[ZstdDictionary] = ()
 ) -> dict[str, Any]:

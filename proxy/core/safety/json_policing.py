@@ -6,12 +6,16 @@ what the matcher released. Every other field of a chunk stays as the upstream se
 are re-serialized, so spacing may differ). A `stop` ends a stream with one final chunk whose
 `finish_reason` is `content_filter` (OpenAI's word for it) and `data: [DONE]`; the edge then
 cancels the upstream request. Events that cannot be parsed are dropped, not forwarded: text
-that cannot be checked is not released.
+that cannot be checked is not released. A UTF-16 surrogate pair the upstream cut between two
+events is rejoined before it is checked (proxy/core/stream/surrogates.py); a lone surrogate is
+text that cannot be checked or sent, an `UpstreamProtocolError` (the edge then closes the
+connection: a truncated JSON body must not look whole).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +25,9 @@ import orjson
 from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.matcher import MatchOutput
 from proxy.core.safety.stream import PolicedText
+from proxy.core.stream.chunks import loads
 from proxy.core.stream.sse import SSEDecoder
+from proxy.core.stream.surrogates import SurrogatePairs
 
 CONTENT_FILTER = "content_filter"
 _DONE = "[DONE]"
@@ -82,6 +88,7 @@ class JsonStreamPolicer:
         self._make = make
         self._field = field
         self._open: dict[int, PolicedText] = {}
+        self._pairs: dict[int, SurrogatePairs] = {}
         self._closed: set[int] = set()
         self._template: dict[str, Any] = {}
         self._stop: str | None = None
@@ -109,7 +116,11 @@ class JsonStreamPolicer:
 
     def flush(self) -> bytes:
         """The upstream closed: release what the open choices still hold (checked first)."""
-        if self._stop is not None or not self._open:
+        if self._stop is not None:
+            return b""
+        for pairs in self._pairs.values():
+            pairs.flush()
+        if not self._open:
             return b""
         choices = []
         for index in sorted(self._open):
@@ -123,8 +134,8 @@ class JsonStreamPolicer:
         if data.strip() == _DONE:
             return self.flush() + _DONE_EVENT
         try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            chunk = loads(data)
+        except (ValueError, RecursionError):
             self.dropped_events += 1
             return b""
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
@@ -143,8 +154,10 @@ class JsonStreamPolicer:
             policed = self._open.get(index)
             if policed is None:
                 policed = self._open[index] = self._make()
-            released = policed.feed(self._field.get(choice))
+                self._pairs[index] = SurrogatePairs()
+            released = policed.feed(self._pairs[index].feed(self._field.get(choice)))
             if choice.get("finish_reason") is not None:
+                self._pairs.pop(index).flush()
                 released = released.then(policed.flush())
                 del self._open[index]
                 self._closed.add(index)
@@ -226,7 +239,13 @@ def police_json_body(
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+    try:
+        data = orjson.dumps(chunk)
+    except orjson.JSONEncodeError:
+        # A lone surrogate in a field not policed (a logprob's token, a tool call's
+        # arguments): orjson refuses it, json escapes it as the upstream sent it.
+        data = json.dumps(chunk, separators=(",", ":")).encode()
+    return b"data: " + data + b"\n\n"
 
 
 def _event_data(data: str) -> bytes:

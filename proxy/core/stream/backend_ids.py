@@ -24,13 +24,16 @@ text at that point), **or where no streamed text can contradict it**:
   open over chunks without usable IDs and closes at the next chunk whose own IDs account for
   its text.
 * Exception: IDs reported in a chunk *with no text* that later text contradicts before
-  confirming any of their bytes stand for text the backend never streams (a tool-call region
-  its parser consumed, a held-back stop string). They are sent where they were reported: the
-  I-D keeps a tool-call region's IDs in `ids`.
-* At the end of the stream, IDs still ahead of the text are sent if they were reported with no
-  text, or if all the others claim past the text is the first bytes of one character
-  (`max_tokens` cut it; an end-of-turn token claims nothing). Otherwise those others are
-  dropped and the text they partly claim is retokenized.
+  confirming any of their bytes stand for text the backend's parser consumed (a tool-call
+  region). They are sent where they were reported: the I-D keeps a tool-call region's IDs in
+  `ids`.
+* At the end of the stream, IDs still ahead of the text are sent only if all they claim past
+  the text is the first bytes of one character (`max_tokens` cut it; an end-of-turn token
+  claims nothing). Otherwise they are dropped and the text they partly claim is retokenized.
+  This holds for IDs reported with no text too: at the end those are a matched stop string,
+  which OpenAI's `stop` leaves out of the answer (llama.cpp reports its token in a chunk with
+  text `""`, then finishes; so does vLLM), so a Codec client must not read it either. Only a
+  turn that ended in tool calls keeps them: they are its tool-call region.
 
 Retokenized spans start and end at character boundaries before which every ID is sent, and
 rendered bytes concatenate, so the frames decode to exactly the streamed text across every join
@@ -94,13 +97,17 @@ class BackendIds:
             agreed = _agreement(self._claimed[start : start + len(raw)], raw)
             if agreed < len(self._claimed) - start and agreed < len(raw):
                 # This text contradicts what the waiting IDs claim: they get no more text.
-                return self._resolve(at_end=False) + self._fresh(raw, reported, rendered)
+                resolved = self._resolve(at_end=False, keep_textless=True)
+                return resolved + self._fresh(raw, reported, rendered)
             return self._continue(raw, reported, rendered)
         return self._fresh(raw, reported, rendered)
 
-    def flush(self) -> list[int]:
-        """End of the stream: what the IDs still waiting may keep, then any open span."""
-        return self._resolve(at_end=True) + self._close_span()
+    def flush(self, *, tool_call_turn: bool = False) -> list[int]:
+        """End of the stream: what the IDs still waiting may keep, then any open span.
+
+        `tool_call_turn`: the turn ended in tool calls, so IDs reported with no text that no
+        text confirmed are its tool-call region, and are kept."""
+        return self._resolve(at_end=True, keep_textless=tool_call_turn) + self._close_span()
 
     def _continue(self, raw: bytes, ids: tuple[int, ...], rendered: list[bytes]) -> list[int]:
         # The chunk's IDs follow the waiting ones, and its text follows the text.
@@ -137,18 +144,20 @@ class BackendIds:
         self._reset()
         return out + self._retokenize(rest)
 
-    def _resolve(self, *, at_end: bool) -> list[int]:
+    def _resolve(self, *, at_end: bool, keep_textless: bool) -> list[int]:
         # No more text will confirm the waiting IDs: the stream ended, or its next text
         # contradicts them. Sort each by what it claims past the text received.
         text_end = self._base + len(self._text)
+        # IDs reported with no text, wholly past the text, kept where they were reported:
+        # those that render nothing (an end-of-turn token), and with `keep_textless` all.
         unrendered: list[int] = []
-        # Bytes past the text, claimed by IDs that came with text or that the text partly
-        # confirms: only the start of a character cut by max_tokens may stand.
+        # Bytes past the text claimed by the other IDs: only the start of a character cut by
+        # max_tokens may stand.
         past = bytearray()
         start = self._base
         for token_id, end, textless in self._pending:
             if end > text_end:
-                if textless and start >= text_end:
+                if textless and start >= text_end and (keep_textless or end == start):
                     unrendered.append(token_id)
                 else:
                     past += self._claimed[max(start, text_end) - self._base : end - self._base]

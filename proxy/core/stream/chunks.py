@@ -28,6 +28,7 @@ __all__ = [
     "StreamDone",
     "StreamFailure",
     "Usage",
+    "loads",
     "parse_chat_chunk",
     "parse_completion_chunk",
 ]
@@ -96,10 +97,12 @@ def parse_chat_chunk(data: str) -> ChunkResult:
     return _parse_chunk(data, _chat_delta)
 
 
-def _loads(data: str) -> Any:
+def loads(data: str) -> Any:
+    """One event's JSON. ValueError (or RecursionError) if it is none."""
     # orjson is about 3x faster than json on a typical 250-byte chunk, and this runs once per
     # generated token. It refuses an escaped lone surrogate ("\ud83c") that json accepts and
-    # some servers emit when they cut a UTF-16 pair in two; json decides those rare cases.
+    # some servers emit when they cut a UTF-16 pair in two (rejoined where that can be done,
+    # proxy/core/stream/surrogates.py); json decides those rare cases.
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -110,7 +113,7 @@ def _parse_chunk(data: str, read_choice: ChoiceReader) -> ChunkResult:
     if data == _DONE_SENTINEL:
         return _STREAM_DONE
     try:
-        chunk = _loads(data)
+        chunk = loads(data)
     except (ValueError, RecursionError) as exc:
         if data.strip() == _DONE_SENTINEL:
             return _STREAM_DONE

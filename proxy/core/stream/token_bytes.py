@@ -31,6 +31,8 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_LEVEL = _byte_level_alphabet()
+# By byte value: the character that stands for it in a byte-level vocabulary.
+BYTE_LEVEL_CHARACTERS = tuple(sorted(_BYTE_LEVEL, key=_BYTE_LEVEL.__getitem__))
 _METASPACE = "\u2581"
 
 
@@ -74,6 +76,11 @@ class TokenBytes:
     @property
     def vocab_size(self) -> int:
         return len(self._table)
+
+    def joined(self, ids: Sequence[int]) -> bytes:
+        """The bytes of IDs known to be in the vocabulary (the tokenizer's own), joined."""
+        table = self._table
+        return b"".join([table[token_id] for token_id in ids])
 
     def render(self, ids: Sequence[int]) -> list[bytes] | None:
         """Each ID's bytes, or None if an ID is outside the vocabulary."""

@@ -41,7 +41,9 @@ class IdSource(Protocol):
 
     def take(self) -> list[int]: ...
 
-    def flush(self) -> list[int]: ...
+    def flush(self, *, tool_call_turn: bool = False) -> list[int]:
+        """The end of the stream; `tool_call_turn`: it ended in tool calls."""
+        ...
 
     @property
     def retokenized_spans(self) -> int: ...
@@ -67,7 +69,7 @@ class RetokenizedIds:
         self._texts.clear()
         return self._retokenizer.feed(text)
 
-    def flush(self) -> list[int]:
+    def flush(self, *, tool_call_turn: bool = False) -> list[int]:
         return self.take() + self._retokenizer.flush()
 
     @property
@@ -91,8 +93,8 @@ class ReportedIds:
         out, self._out = self._out, []
         return out
 
-    def flush(self) -> list[int]:
-        return self.take() + self._ids.flush()
+    def flush(self, *, tool_call_turn: bool = False) -> list[int]:
+        return self.take() + self._ids.flush(tool_call_turn=tool_call_turn)
 
     @property
     def retokenized_spans(self) -> int:

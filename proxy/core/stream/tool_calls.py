@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.core.errors import UpstreamProtocolError
+from proxy.core.stream.surrogates import rejoined
 from proxy.core.wire.tool_calls import ToolCall
 
 __all__ = ["ToolCallAssembler", "ToolCallDelta"]
@@ -35,7 +36,10 @@ class _Draft:
     arguments: list[str] = field(default_factory=list)
 
     def call(self) -> ToolCall:
-        return ToolCall(self.name, "".join(self.arguments), self.id)
+        # Pieces may cut a UTF-16 surrogate pair in two; a whole call has none left.
+        name = None if self.name is None else rejoined(self.name)
+        call_id = None if self.id is None else rejoined(self.id)
+        return ToolCall(name, rejoined("".join(self.arguments)), call_id)
 
 
 class ToolCallAssembler:

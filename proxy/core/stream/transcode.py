@@ -6,7 +6,12 @@ The transcoder guarantees the stream's one hard rule (codec-spec.md §2, §12 it
 the upstream does — finishes, sends an error event, sends garbage, or just stops — exactly one
 terminal frame (`done=True`) is produced, it is the last, and nothing follows it. Non-terminal
 frames are never empty. Text that was received but not yet final when the upstream failed is
-still delivered (in a frame before the terminal one): an error loses nothing.
+still delivered (in a frame before the terminal one): an error loses nothing. A fault of the
+proxy's own in any stage here ends the stream the same way (`StreamOutcome.internal`), minus
+what the ID source held: its state is no longer trusted.
+
+A UTF-16 surrogate pair the upstream cut between two events is rejoined before the text goes
+anywhere (proxy/core/stream/surrogates.py); a lone surrogate ends the stream with an error.
 
 IDs come from the text (retokenized) or from the backend (proxy/core/stream/token_source.py); chat
 tool calls are assembled from their deltas and ride on the next frame that goes out
@@ -22,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.core.errors import ProxyError
+from proxy.core.errors import ProxyError, UpstreamProtocolError
 from proxy.core.stream.chunks import ChunkDelta, StreamDone, StreamFailure, Usage
 from proxy.core.stream.retokenizer import RetokenizerScheme
 from proxy.core.stream.sse import SSEDecoder
+from proxy.core.stream.surrogates import SurrogatePairs
 from proxy.core.stream.token_bytes import TokenBytes
 from proxy.core.stream.token_source import (
     BACKEND,
@@ -57,6 +63,8 @@ class StreamOutcome:
     token_source: str = RETOKENIZED
     retokenized_spans: int = 0
     tool_calls: int = 0
+    # The error was a fault of the proxy, not of the upstream.
+    internal: bool = False
 
 
 class CodecTranscoder:
@@ -86,6 +94,7 @@ class CodecTranscoder:
             RetokenizedIds(scheme) if token_ids == "retokenize" else None
         )
         self._tool_calls = ToolCallAssembler()
+        self._pairs = SurrogatePairs()
         self._calls: list[ToolCall] = []  # complete, waiting for a frame to ride on
         self._tokens = 0
         self._usage: Usage | None = None
@@ -124,13 +133,14 @@ class CodecTranscoder:
                     self._on_chunk(self._parse(event.data), frames)
                     if self.done:
                         return frames
+            if self._source is not None:
+                ids = self._source.take()
+                if ids:
+                    self._emit(frames, Frame(tuple(ids), tool_calls=self._take_calls()))
         except ProxyError as exc:
             self._terminate(frames, finish.ERROR, error=exc.message)
-            return frames
-        if self._source is not None:
-            ids = self._source.take()
-            if ids:
-                self._emit(frames, Frame(tuple(ids), tool_calls=self._take_calls()))
+        except Exception as exc:  # a fault of ours ends the stream all the same (§2)
+            self._terminate(frames, finish.ERROR, error=_internal(exc), internal=True)
         return frames
 
     def flush(self) -> list[Frame]:
@@ -166,8 +176,9 @@ class CodecTranscoder:
             self._usage = chunk.usage
         if chunk.tool_calls:
             self._calls += self._tool_calls.feed(chunk.tool_calls)
+        text = self._pairs.feed(chunk.text)
         source = self._source
-        if source is None and (chunk.text or chunk.token_ids):
+        if source is None and (text or chunk.token_ids):
             source = self._decide(chunk.token_ids is not None)
             if source is None:
                 self._terminate(
@@ -177,18 +188,31 @@ class CodecTranscoder:
                 )
                 return
         if source is not None:
-            if chunk.text and self.on_text is not None:
-                self.on_text(chunk.text)
-            source.add(chunk.text, chunk.token_ids)
+            if text and self.on_text is not None:
+                self.on_text(text)
+            spellable = self._scheme.spellable_prefix(text)
+            if spellable < len(text):
+                # No IDs render this character: the text before it goes out, then the error
+                # frame, rather than other text in silence.
+                source.add(text[:spellable], chunk.token_ids)
+                raise UpstreamProtocolError(
+                    f"the upstream's text has a character the model's vocabulary cannot spell "
+                    f"(U+{ord(text[spellable]):04X})",
+                    code="untokenizable_text",
+                )
+            source.add(text, chunk.token_ids)
         if chunk.finish_reason is None:
             return
+        self._pairs.flush()
         if chunk.finish_reason in _CALLS_COMPLETE:
             self._calls += self._tool_calls.flush()
         reason = finish.codec_finish_reason(chunk.finish_reason, chunk.stop_reason)
         if self._tool_calls.emitted and chunk.finish_reason in _CALLS_COMPLETE:
             reason = finish.TOOL_CALL
         # The last IDs ride on the terminal frame, as the reference engines do (interop.md §0.4).
-        self._finish(frames, self._drain(), reason, error=None)
+        self._finish(
+            frames, self._drain(tool_call_turn=reason == finish.TOOL_CALL), reason, error=None
+        )
 
     def _decide(self, has_ids: bool) -> IdSource | None:
         # The first chunk with output decides (token_source.py); `backend` insists on IDs.
@@ -200,19 +224,37 @@ class CodecTranscoder:
             self._source = RetokenizedIds(self._scheme)
         return self._source
 
-    def _drain(self) -> list[int]:
-        return self._source.flush() if self._source is not None else []
+    def _drain(self, *, tool_call_turn: bool = False) -> list[int]:
+        source = self._source
+        return source.flush(tool_call_turn=tool_call_turn) if source is not None else []
 
-    def _terminate(self, frames: list[Frame], reason: str, *, error: str) -> None:
+    def _terminate(
+        self, frames: list[Frame], reason: str, *, error: str, internal: bool = False
+    ) -> None:
         # Deliver what we hold in its own frame: the terminal error frame stays `ids: []`.
         # Tool calls still open were cut off: only whole calls are ever sent.
-        pending = self._drain()
+        if self._outcome is not None:
+            return
+        pending: list[int] = []
+        if not internal:
+            try:
+                pending = self._drain()
+            except ProxyError as exc:
+                error = f"{error}; then {exc.message}"
+            except Exception as exc:  # as in feed: the stream ends all the same
+                error, internal = f"{error}; then {_internal(exc)}", True
         if pending:
             self._emit(frames, Frame(tuple(pending), tool_calls=self._take_calls()))
-        self._finish(frames, [], reason, error=error)
+        self._finish(frames, [], reason, error=error, internal=internal)
 
     def _finish(
-        self, frames: list[Frame], ids: list[int], reason: str, *, error: str | None
+        self,
+        frames: list[Frame],
+        ids: list[int],
+        reason: str,
+        *,
+        error: str | None,
+        internal: bool = False,
     ) -> None:
         source = self._source
         if source is not None:
@@ -221,7 +263,14 @@ class CodecTranscoder:
             name, spans = (BACKEND if self._mode == "backend" else RETOKENIZED), 0
         self._emit(frames, Frame(tuple(ids), True, reason, self._take_calls()))
         self._outcome = StreamOutcome(
-            reason, error, self._tokens, self._usage, name, spans, self._tool_calls.emitted
+            reason,
+            error,
+            self._tokens,
+            self._usage,
+            name,
+            spans,
+            self._tool_calls.emitted,
+            internal,
         )
 
     def _take_calls(self) -> tuple[ToolCall, ...]:
@@ -232,3 +281,7 @@ class CodecTranscoder:
     def _emit(self, frames: list[Frame], frame: Frame) -> None:
         self._tokens += len(frame.ids)
         frames.append(frame)
+
+
+def _internal(exc: Exception) -> str:
+    return f"internal error: {type(exc).__name__}: {exc}"

@@ -29,6 +29,10 @@ SENT_AS: Final[Mapping[str, str]] = {
 }
 BINARY_FORMATS: Final = tuple(SENT_AS)
 STREAM_FORMATS: Final = (JSON, *BINARY_FORMATS)
+# The Codec formats a request gets as it asked: what `GET /codec/version` lists.
+SERVED_AS_ASKED: Final = tuple(f for f, sent in SENT_AS.items() if f == sent)
+# The delta-varint axis (v0.5 § v0.5-1, the I-D's "delta_varint").
+DELTA_FORMATS: Final = frozenset({MSGPACK_DELTA, PROTOBUF_DELTA})
 
 
 def check_stream_format(value: object, *, json_allowed: bool = True) -> str:

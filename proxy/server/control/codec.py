@@ -366,6 +366,9 @@ def _account(request: web.Request, plan: CodecPlan, guard: StreamGuard, exchange
         metrics.bytes_saved.labels(model, fmt).inc(saved)
     if guard.stopped is not None:
         record.outcome = "policy_stop"
+    elif outcome is not None and outcome.error and outcome.internal:
+        record.outcome = "internal_error"
+        log.error("codec stream ended by a fault of the proxy: %s", outcome.error)
     elif outcome is not None and outcome.error:
         record.outcome = record.outcome if record.outcome != "ok" else "upstream_error"
         log.warning("codec stream ended with error: %s", outcome.error)

@@ -5,9 +5,10 @@ The access log is one line per request (JSON by default): ids (the proxy's own a
 bytes, time to first byte, duration and outcome (the fields of `RequestRecord`,
 proxy/server/telemetry/record.py), and the trace id when traces are exported.
 
-With traces on (proxy/server/telemetry/tracing.py), every request but the probes and scrapes
-has its server span from here: begun before the handler, ended once the handler has returned,
-which a streamed response's handler does only after its last bytes are written.
+With traces on (proxy/server/telemetry/tracing.py), every request of the serving port but the
+probes and scrapes has its server span from here: begun before the handler, ended once the
+handler has returned, which a streamed response's handler does only after its last bytes are
+written.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
     metrics = request.app[METRICS]
     tracing = request.app.get(TRACING)
     trace = None
-    if tracing is not None and record.route not in PROBE_PATHS:
+    # By path: with an admin port these are relayed to the backend's, and just as frequent.
+    if tracing is not None and request.path not in PROBE_PATHS:
         trace = tracing.begin(request, record.route)
         if trace is not None:
             request[TRACE] = trace

@@ -5,6 +5,8 @@
   `declared_client_version(request)` is the same parse, None when the header was absent.
 * `codec_gate(request)`: call it on every Codec entry point before contacting the upstream; it
   raises the 426 when this deployment enforces a floor the client is below.
+* `announce_server_version`: `Codec-Server-Version` on the responses to Codec requests, an
+  `on_response_prepare` hook that runs before the next one.
 * `strip_withheld_headers`: the one place the header floor table is applied, an
   `on_response_prepare` hook, so it covers every response whichever handler built it (Codec
   streams, relayed upstream responses, errors, well-known documents).
@@ -19,6 +21,8 @@ from aiohttp import web
 
 from proxy.core.http.versioning import (
     CLIENT_VERSION_HEADER,
+    SERVER_VERSION,
+    SERVER_VERSION_HEADER,
     ClientVersion,
     ParsedClientVersion,
     parse_client_version,
@@ -113,6 +117,21 @@ def codec_gate(request: web.Request) -> ClientVersion:
             client,
         )
     return client
+
+
+async def announce_server_version(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: `Codec-Server-Version` on every response to a Codec request (the
+    access log's `mode=codec`: a stream, or its refusal once the request is known to be one),
+    the I-D's "Codec responses"; on no other. An upstream's own is dropped from what is relayed
+    for JSON: the proxy, not the backend, is the Codec server its clients talk to, and
+    `/codec/version` says what it serves. Documents carry none (their bodies are shared by
+    clients of every version; `/codec/version` says it in its body). The floor hook after this
+    one withholds it from clients below 0.5 (docs/VERSIONING_AND_SAFETY.md)."""
+    record = request.get(RECORD)
+    if record is not None and record.mode == "codec":
+        response.headers[SERVER_VERSION_HEADER] = str(SERVER_VERSION)
+    else:
+        response.headers.popall(SERVER_VERSION_HEADER, None)
 
 
 async def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -15,6 +15,7 @@ closed otherwise: closing is what makes the backend stop generating.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 from multidict import CIMultiDictProxy
@@ -45,6 +46,7 @@ class Exchange:
         "_origin",
         "_pool",
         "_seen",
+        "_timed_out",
         "_timer",
         "first_byte_deadline",
         "head",
@@ -62,8 +64,11 @@ class Exchange:
         *,
         first_byte_deadline: float | None,
         idle_timeout: float | None,
+        timed_out: Callable[[str, UpstreamTimeout], None] = lambda kind, exc: None,
     ) -> None:
         self._pool = pool
+        # Counts the timeout (`ttft` or `idle`) and tells the balancer, once, as it happens.
+        self._timed_out = timed_out
         self._origin = origin
         self._conn = conn
         self.head = head
@@ -192,11 +197,11 @@ class Exchange:
             self._watch(now)  # no byte yet, but its deadline has not come
             return
         kind = "ttft" if deadline is not None else "idle"
-        conn.fail(
-            UpstreamTimeout(
-                f"upstream sent nothing for too long ({kind} timeout)", code=f"{kind}_timeout"
-            )
+        timeout = UpstreamTimeout(
+            f"upstream sent nothing for too long ({kind} timeout)", code=f"{kind}_timeout"
         )
+        self._timed_out(kind, timeout)
+        conn.fail(timeout)
 
 
 class _Collector:

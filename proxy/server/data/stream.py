@@ -12,8 +12,10 @@ handler's task waits on one future for the whole stream and wakes once, at its e
 
 * **Before the response starts** the body is fed until it is `ready` (its status and headers
   can be decided; the first read fed a few KiB at a time so the first frame is not held up by
-  the rest), then the upstream is paused and the handler prepares the response (aiohttp's
-  `on_response_prepare` hooks are coroutines). A failure up to then is still a clean 502/504.
+  the rest), then the handler prepares the response (aiohttp's `on_response_prepare` hooks
+  are coroutines) while what arrives meanwhile is kept, as it came, for when streaming starts
+  (past `_READY_BUFFER_BYTES` the upstream is paused). A failure up to then is still a clean
+  502/504.
 * **Backpressure**: when the client's transport asks to pause writing, reading the upstream
   pauses, and resumes with it; the write timeout is one timer started on the pause. A client
   that does not read for `write_timeout` is dropped (its connection aborted, not closed).
@@ -41,7 +43,7 @@ from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
 from proxy.core.bodies import ResponseBody
-from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.core.errors import ProxyError, UpstreamUnavailable
 from proxy.core.http.framing import BodyFramer, Framing
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.data.context import StreamContext
@@ -200,6 +202,8 @@ class ResponseStream:
                 self._first_write()
             else:
                 self._gaps.observe(now - last)
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
 
@@ -215,6 +219,8 @@ class ResponseStream:
                 self._rest_bytes += len(data)
                 if self._rest_bytes > _READY_BUFFER_BYTES:
                     self._exchange.pause_reading()
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
 
@@ -229,6 +235,8 @@ class ResponseStream:
                 self._become_ready()
             elif phase is _Phase.READY:
                 self._pending_end = True
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
 
@@ -244,6 +252,8 @@ class ResponseStream:
                     self._ready.set_exception(_before_response(exc))
             elif phase is _Phase.READY:
                 self._pending_error = exc
+        except ProxyError as failure:
+            self._failed(failure)
         except Exception as crash:
             self._crashed(crash)
 
@@ -315,7 +325,9 @@ class ResponseStream:
             raise TypeError("streams are served on codec-proxy's own connections (ProxyRunner)")
         self._client = protocol
         self._transport = transport
-        if transport is not None:
+        if transport is None or transport.is_closing():
+            self.client_lost()  # gone while the response was being started
+        else:
             self._transport_write = transport.write
         if self._end is None:
             self._phase = _Phase.STREAMING
@@ -519,13 +531,30 @@ class ResponseStream:
                     self._become_ready()
                 else:
                     self._arm_deadline()
+        except ProxyError as failure:
+            self._failed(failure)
+        except Exception as exc:
+            self._crashed(exc)
+
+    def _failed(self, failure: ProxyError) -> None:
+        """What the body found wrong with the upstream's bytes (a protocol error, a lone
+        surrogate, an event too large): an upstream failure, never the proxy's bug."""
+        try:
+            if self._phase is _Phase.STREAMING:
+                self._upstream_failed(failure)
+            elif self._phase is not _Phase.ENDED:
+                self._phase = _Phase.ENDED
+                self._cancel_timers()
+                self._exchange.cancel()
+                if not self._ready.done():
+                    self._ready.set_exception(failure)  # its status: a clean HTTP error
+                if not self._done.done():
+                    self._done.set_result(StreamEnd.UPSTREAM_FAILED)
         except Exception as exc:
             self._crashed(exc)
 
     def _upstream_failed(self, exc: Exception) -> None:
         context = self._context
-        if isinstance(exc, UpstreamTimeout):
-            context.metrics.timeouts.labels("idle").inc()
         ending = self._body.fail(f"upstream failed mid-stream: {exc}", self._loop.time())
         if ending is None:
             # The status line is gone: close the connection rather than end the body cleanly,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -358,8 +359,16 @@ class UpstreamPool:
                 upstream,
                 first_byte_deadline=deadline,
                 idle_timeout=self.settings.idle_timeout or None,
+                timed_out=functools.partial(self._timed_out, upstream),
             )
             return exchange, attempt
+
+    def _timed_out(self, upstream: UpstreamState, kind: str, exc: UpstreamTimeout) -> None:
+        """The exchange's watchdog fired: the first body byte never came (a ttft timeout,
+        told to the balancer like one while waiting for the head), or the stream went idle."""
+        self.metrics.timeouts.labels(kind).inc()
+        if kind == "ttft":
+            self._failed(upstream, "timeout", exc)
 
     def request(
         self,

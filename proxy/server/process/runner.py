@@ -3,7 +3,7 @@
 Not `web.run_app`: its shutdown stops listening and then waits on handlers without a way to
 end a stream with its terminal frame. Here the order is the one a rolling deploy needs:
 not-ready at once, stop accepting, let streams finish for `drain_timeout`, end the rest
-cleanly, close.
+cleanly, close. An admin listener (`admin_port`) keeps answering probes until the very end.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from aiohttp import web
 from proxy import hangups
 from proxy.core.backend.readiness import Check
 from proxy.core.errors import ConfigError
+from proxy.server.control.admin import ADMIN_APP
 from proxy.server.control.errors import connection_error
 from proxy.server.data.client_protocol import ProxyServer
 from proxy.server.data.drain import LIFECYCLE, READINESS
@@ -82,18 +83,16 @@ async def serve(
     reuse_port: bool = False,
     announce: Callable[[], None] = lambda: None,
 ) -> None:
-    runner = ProxyRunner(  # on the proxy's own connections (proxy/server/data/client_protocol.py)
-        app,
-        handle_signals=False,
-        # A client that disconnects cancels its handler at once, which closes the upstream
-        # request, so the backend stops generating (peers.md A7).
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_GRACE,
-    )
+    runner = _runner(app)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port, backlog=1024)
     await site.start()
+    # The admin listener (server/control/admin.py) once the serving port listens, so a probe
+    # it answers never reports ready before requests can arrive; closed last, below.
+    admin = _runner(app[ADMIN_APP]) if ADMIN_APP in app else None
+    if admin is not None:
+        await admin.setup()
+        await web.TCPSite(admin, settings.host, settings.admin_port, reuse_port=reuse_port).start()
     announce()
 
     loop = asyncio.get_running_loop()
@@ -143,3 +142,17 @@ async def serve(
         # while it closes; a reload now has nothing left to apply to.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         await runner.cleanup()
+        if admin is not None:
+            await admin.cleanup()
+
+
+def _runner(app: web.Application) -> ProxyRunner:
+    return ProxyRunner(  # on the proxy's own connections (proxy/server/data/client_protocol.py)
+        app,
+        handle_signals=False,
+        # A client that disconnects cancels its handler at once, which closes the upstream
+        # request, so the backend stops generating (peers.md A7).
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_GRACE,
+    )

@@ -66,6 +66,7 @@ HEADERS = [
     "Codec-Safety-Policy-Hash",
     "Codec-Min-Version",
     "Codec-Required-Features",
+    "Codec-Server-Version",
     "Codec-Invented-Later",
     "Content-Type",
     "Vary",
@@ -88,7 +89,8 @@ EXPECTED["0.4"] = EXPECTED["0.3"] | {
     "Codec-Safety-Policy-Id",
     "Codec-Safety-Policy-Hash",
 }
-EXPECTED["0.5"] = EXPECTED["0.4"]
+# The I-D's header: it describes version 0.5, so a 0.4 client never sees it.
+EXPECTED["0.5"] = EXPECTED["0.4"] | {"Codec-Server-Version"}
 
 
 @pytest.mark.parametrize(

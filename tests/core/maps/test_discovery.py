@@ -17,6 +17,7 @@ from proxy.core.maps.discovery import (
     entity_tag,
     if_none_match,
     index_body,
+    map_path_by_digest,
     origin_of,
     reply_headers,
 )
@@ -38,6 +39,11 @@ MAP = PublishedMap(id="qwen/qwen3", body=b"{}\n", digest=DIGEST)
 )
 def test_documents_by_path(raw_path: str, target: object) -> None:
     assert discovery_target(raw_path) == target
+
+
+def test_a_digest_names_the_path_that_serves_its_map() -> None:
+    # What a client fetches knowing only `Codec-Tokenizer-Map`'s digest is what is served.
+    assert discovery_target(map_path_by_digest(DIGEST)) == MapByDigest(DIGEST)
 
 
 @pytest.mark.parametrize(

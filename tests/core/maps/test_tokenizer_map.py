@@ -10,7 +10,13 @@ import pytest
 
 from proxy.core.errors import TokenizerMapError
 from proxy.core.maps.pretok_program import compile_program
-from proxy.core.maps.tokenizer_map import MapContent, ZstdDictionary, map_document, render_map
+from proxy.core.maps.tokenizer_map import (
+    MapContent,
+    ZstdDictionary,
+    digest_of_header,
+    map_document,
+    render_map,
+)
 from proxy.tokenizers.pretokenizers import LLAMA3_PATTERN
 
 HASH = "sha256:" + "ab" * 32
@@ -66,6 +72,22 @@ def test_bytes_are_compact_utf8_with_a_newline_and_the_digest_covers_them() -> N
     assert published.hash == f"sha256:{published.digest}"
     assert published.header_value == f"test/tiny sha256:{published.digest}"
     assert json.loads(published.body) == map_document("test/tiny", CONTENT)
+
+
+def test_a_client_reads_the_digest_from_the_header_we_write() -> None:
+    published = render_map("test/tiny", CONTENT)
+    assert digest_of_header(published.header_value) == published.digest
+    assert digest_of_header(f"  {published.hash} ") == published.digest  # the spec's form
+    for value in (
+        None,
+        "",
+        "test/tiny",
+        f"test/tiny sha256:{published.digest[:16]}",  # the proposal's short digest
+        f"test/tiny sha256:{published.digest.upper()}",
+        f"a b {published.hash}",
+        f"test/tiny {published.digest}",
+    ):
+        assert digest_of_header(value) is None, value
 
 
 def test_same_content_same_bytes_and_any_change_changes_the_digest() -> None:

@@ -145,6 +145,50 @@ def test_unparsable_events_are_dropped_not_forwarded(smollm2_vocabulary: Vocabul
     assert policer.dropped_events == 1
 
 
+def surrogate_event(text: str, finish: str | None = None, **fields: Any) -> bytes:
+    # json.dumps writes a lone surrogate as the escape a server that cut a pair sends.
+    choice = {"index": 0, "text": text, "finish_reason": finish, **fields}
+    return b"data: " + json.dumps({"id": "x", "choices": [choice]}).encode() + b"\n\n"
+
+
+def test_a_surrogate_pair_cut_between_events_is_rejoined(smollm2_vocabulary: Vocabulary):
+    rules = compiled(vocab(smollm2_vocabulary), stop_strings=["zebra"])
+    body = (
+        surrogate_event("Hello \ud83c", logprobs={"content": [{"token": "\ud83c"}]})
+        + surrogate_event("\udf89 world")
+        + surrogate_event("", "stop")
+        + b"data: [DONE]\n\n"
+    )
+    for cut in range(len(body) + 1):
+        out, policer = police(rules, smollm2_vocabulary, body, cut, COMPLETION_TEXT)
+        events = chunks(out)
+        assert text_of(events, COMPLETION_TEXT) == "Hello 🎉 world", cut
+        assert policer.dropped_events == 0
+        # A field the policy does not read goes on as the upstream sent it.
+        logprobs = [c.get("logprobs") for e in events if isinstance(e, dict) for c in e["choices"]]
+        assert {"content": [{"token": "\ud83c"}]} in logprobs
+        assert events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        surrogate_event("Hello") + surrogate_event(" a\udf89 b"),
+        surrogate_event("Hello") + surrogate_event(" a\ud83c") + surrogate_event(" b"),
+        surrogate_event("Hello") + surrogate_event(" a\ud83c", "stop"),
+        surrogate_event("Hello") + surrogate_event(" a\ud83c"),  # then the upstream closes
+    ],
+    ids=["low-half", "unpaired-high", "high-at-the-finish", "high-at-the-end"],
+)
+def test_a_lone_surrogate_is_an_upstream_error_not_a_dropped_event(
+    smollm2_vocabulary: Vocabulary, body: bytes
+) -> None:
+    rules = compiled(vocab(smollm2_vocabulary), stop_strings=["zebra"])
+    for cut in range(len(body) + 1):
+        with pytest.raises(UpstreamProtocolError, match="surrogate"):
+            police(rules, smollm2_vocabulary, body, cut, COMPLETION_TEXT)
+
+
 def test_whole_bodies(smollm2_vocabulary: Vocabulary) -> None:
     rules = compiled(
         vocab(smollm2_vocabulary), stop_strings=["Haven"], redact_strings=["city"], placeholder="#"
@@ -178,3 +222,14 @@ def test_bodies_that_cannot_be_checked_are_refused(smollm2_vocabulary: Vocabular
     rules = compiled(vocab(smollm2_vocabulary), stop_strings=["zebra"])
     with pytest.raises(UpstreamProtocolError):
         police_json_body(body, factory(rules, smollm2_vocabulary), COMPLETION_TEXT)
+
+
+def test_text_a_normalizer_would_change_is_released_as_streamed(qwen3_vocabulary: Vocabulary):
+    # The policy reads the retokenized IDs' text: Qwen3's NFC must not reach the client.
+    rules = compiled(vocab(qwen3_vocabulary), stop_strings=["zebra"])
+    text = "Un cafe\u0301 et l'\u212bngstro\u0308m."
+    body = b"".join(surrogate_event(text[i : i + 4]) for i in range(0, len(text), 4))
+    body += surrogate_event("", "stop") + b"data: [DONE]\n\n"
+    for cut in range(0, len(body) + 1, 17):
+        out, _ = police(rules, qwen3_vocabulary, body, cut, COMPLETION_TEXT)
+        assert text_of(chunks(out), COMPLETION_TEXT) == text, cut

@@ -2,9 +2,9 @@
 
 The safety property, for every stream shape and whatever IDs the backend reports: the frames'
 IDs render to exactly the text the backend streamed, plus only bytes that never render (special
-tokens, IDs reported with no text, an incomplete character at the end). Exactness where the
-backend reports everything (vLLM), and fallback spans only where it does not (llama.cpp's
-multi-byte characters) or where its IDs contradict the text.
+tokens, a tool-call region's IDs reported with no text, an incomplete character at the end).
+Exactness where the backend reports everything (vLLM), and fallback spans only where it does not
+(llama.cpp's multi-byte characters) or where its IDs contradict the text.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ def bytes_of(smollm2_vocabulary: Vocabulary) -> TokenBytes:
     return smollm2_vocabulary.token_bytes
 
 
-def run(vocabulary: Vocabulary, chunks: list[Chunk]) -> tuple[list[int], int]:
+def run(
+    vocabulary: Vocabulary, chunks: list[Chunk], *, tool_call_turn: bool = False
+) -> tuple[list[int], int]:
     ids = BackendIds(vocabulary.scheme, vocabulary.token_bytes)
     out = [i for text, chunk_ids in chunks for i in ids.feed(text, chunk_ids)]
-    return out + ids.flush(), ids.retokenized_spans
+    return out + ids.flush(tool_call_turn=tool_call_turn), ids.retokenized_spans
 
 
 def rendered(token_bytes: TokenBytes, ids: list[int]) -> bytes:
@@ -134,7 +136,7 @@ def test_vllm_capture_ids_are_passed_through(smollm2_vocabulary: Vocabulary) -> 
 
 def test_incomplete_character_at_the_end_is_still_sent(smollm2_vocabulary: Vocabulary) -> None:
     # vLLM reports the byte tokens of a character max_tokens cut; its text never comes.
-    assert run(smollm2_vocabulary, [("、", (29917,)), ("", (10391, 112)), ("", (11100,))]) == (
+    assert run(smollm2_vocabulary, [("、", (29917,)), ("ア", (10391, 112)), ("", (11100,))]) == (
         [29917, 10391, 112, 11100],
         0,
     )
@@ -170,20 +172,26 @@ def test_llamacpp_emoji_capture_matches_the_model(smollm2_vocabulary: Vocabulary
 
 
 @pytest.mark.parametrize(
-    ("capture", "unreported_tail"),
+    ("capture", "not_sent"),
     [
         ("llamacpp-completions-cut-utf8-logprobs.txt", 1),  # max_tokens cut a character
         ("llamacpp-completions-stop-holdback-logprobs.txt", 0),  # " Paris" held for a stop
         ("llamacpp-completions-eos-logprobs.txt", 0),  # <|im_end|> sampled, never rendered
+        # The matched stop string " has": reported with text "", not part of the answer.
+        ("llamacpp-completions-stop-logprobs.txt", 1),
     ],
 )
 def test_llamacpp_captures_against_the_ground_truth(
-    smollm2_vocabulary: Vocabulary, capture: str, unreported_tail: int
+    smollm2_vocabulary: Vocabulary, capture: str, not_sent: int
 ) -> None:
     truth = json.loads((UPSTREAM_FIXTURES / "llamacpp-ground-truth.json").read_text())[capture]
-    out, _ = run(smollm2_vocabulary, captured_chunks(capture))
+    chunks = captured_chunks(capture)
+    out, _ = run(smollm2_vocabulary, chunks)
     tokens: list[int] = truth["tokens"]
-    assert out == tokens[: len(tokens) - unreported_tail]
+    assert out == tokens[: len(tokens) - not_sent]
+    # What a JSON client reads of the same stream, to the byte.
+    streamed = "".join(text for text, _ in chunks).encode()
+    assert rendered(smollm2_vocabulary.token_bytes, out) == streamed
 
 
 def captured_chunks(name: str) -> list[Chunk]:
@@ -292,14 +300,46 @@ def test_an_id_the_later_text_contradicts_is_never_sent(
         ([(" in", (IN, WORLD)), ("", (EOS,))], [IN, EOS], 0),  # ... an end-of-turn one is not
         ([("X", (72, 174))], [72, 174], 0),  # the first byte of a character max_tokens cut
         ([("X", (72, 174, 174))], [72], 0),  # not a character's start
-        ([("", (INCENSE,))], [INCENSE], 0),  # reported with no text (a held-back stop string)
+        # Reported with no text: a matched stop string (llama.cpp, vLLM), not the answer.
+        ([(" Paris", (7042,)), ("", (INCENSE,))], [7042], 0),
+        ([("", (INCENSE,))], [], 0),
+        ([(" in", (IN,)), ("", (INCENSE, EOS))], [IN, EOS], 0),  # EOS renders nothing
+        # ... unless all it claims is a character max_tokens cut, as with text.
+        ([("X", (72,)), ("", (174,))], [72, 174], 0),
+        # A whole character and a cut one, never streamed: neither is the answer.
+        ([("、", (29917,)), ("", (10391, 112)), ("", (11100,))], [29917], 0),
     ],
-    ids=["partly-rendered", "past-the-text", "eos-after", "cut-character", "two-leads", "no-text"],
+    ids=[
+        "partly-rendered",
+        "past-the-text",
+        "eos-after",
+        "cut-character",
+        "two-leads",
+        "stop-string",
+        "stop-string-only",
+        "stop-string-eos",
+        "no-text-cut-character",
+        "no-text-character",
+    ],
 )
 def test_ids_still_ahead_at_the_end(
     smollm2_vocabulary: Vocabulary, chunks: list[Chunk], expected: list[int], spans: int
 ) -> None:
     assert run(smollm2_vocabulary, chunks) == (expected, spans)
+
+
+def test_ids_with_no_text_at_the_end_of_a_tool_call_turn_are_its_region(
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    # The I-D keeps a tool-call region's IDs in `ids`; the backend streamed it as calls.
+    tokenizer = smollm2_vocabulary.loaded.tokenizer
+    markup = tuple(tokenizer.encode("<tool_call>{}</tool_call>", add_special_tokens=False).ids)
+    chunks: list[Chunk] = [(" Sure.", (7042,)), ("", markup), ("", (EOS,))]
+    out, _ = run(smollm2_vocabulary, chunks, tool_call_turn=True)
+    assert out[-len(markup) - 1 :] == [*markup, EOS]
+    # Any other turn: text nobody streamed.
+    out, _ = run(smollm2_vocabulary, chunks)
+    assert not set(markup) & set(out[1:])
 
 
 def test_ids_reported_without_text_follow_an_open_span(smollm2_vocabulary: Vocabulary) -> None:

@@ -225,7 +225,7 @@ def naive_event_data(body: bytes) -> list[str]:
 
 
 def test_captures_are_classified() -> None:
-    assert len(SSE_CAPTURES) == 16
+    assert len(SSE_CAPTURES) == 17
     assert JSON_CAPTURES == [
         "llamacpp-error-bad-json.txt",
         "llamacpp-error-embeddings-501.txt",

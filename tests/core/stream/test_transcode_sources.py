@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.core.errors import UpstreamProtocolError
 from proxy.core.stream.chunks import parse_chat_chunk, parse_completion_chunk
 from proxy.core.stream.tool_calls import ToolCallAssembler, ToolCallDelta
 from proxy.core.stream.transcode import CodecTranscoder
-from proxy.core.wire.frames import Frame
+from proxy.core.wire.frames import Frame, encoder_for
 from proxy.core.wire.tool_calls import ToolCall
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests.core.stream.test_surrogates import utf16_units
 
 
 def sse(*chunks: dict[str, Any]) -> bytes:
@@ -86,11 +91,32 @@ def test_retokenize_ignores_reported_ids(smollm2_vocabulary: Vocabulary) -> None
 
 
 def test_backend_ids_may_run_ahead_until_the_end(smollm2_vocabulary: Vocabulary) -> None:
-    # vLLM: the bytes of an incomplete character are reported, its text never comes.
+    # vLLM reports the bytes of an incomplete character while it holds back its text; the
+    # text of one that max_tokens cut never comes.
     t = transcoder(smollm2_vocabulary, "backend")
     assert t.feed(sse(text("、", [29917]))) == [Frame((29917,))]
     assert t.feed(sse(text("", [10391]))) == []
-    assert t.feed(sse(text("", [112, 2], "stop"))) == [Frame((10391, 112, 2), True, "eos_token")]
+    assert t.feed(sse(text("ア", [112]))) == [Frame((10391, 112))]
+    assert t.feed(sse(text("", [11100], "length"))) == [Frame((11100,), True, "length")]
+
+
+def test_a_stop_string_reported_with_no_text_is_not_sent(smollm2_vocabulary: Vocabulary) -> None:
+    # llama.cpp (tests/fixtures/upstream/llamacpp-completions-stop-logprobs.txt): `stop: [" has"]`
+    # reports " has" in a chunk with text "", then finishes; the JSON answer ends before it.
+    t = transcoder(smollm2_vocabulary, "backend")
+    frames = t.feed(sse(text(" States", [1918]), text("", [553]), text("", None, "stop")))
+    assert frames == [Frame((1918,), True, "eos_token")]
+
+
+def test_a_tool_call_region_reported_with_no_text_is_sent(smollm2_vocabulary: Vocabulary) -> None:
+    # The same shape in a turn that ended in tool calls: the region's IDs stay in `ids`.
+    t = transcoder(smollm2_vocabulary, "backend", chat=True)
+    region = {"index": 0, "delta": {"tool_calls": [call(0, "f", "{}", "c")]}, "token_ids": [553]}
+    frames = t.feed(
+        sse({"choices": [{"index": 0, "delta": {"content": " States"}, "token_ids": [1918]}]})
+        + sse({"choices": [region]}, delta("tool_calls"))
+    )
+    assert [(f.ids, f.finish_reason) for f in frames] == [((1918, 553), "tool_call")]
 
 
 # --- tool calls -------------------------------------------------------------------------------
@@ -183,3 +209,173 @@ def test_on_text_hears_nothing_of_a_refused_stream(smollm2_vocabulary: Vocabular
     t.on_text = heard.append
     assert t.feed(sse(text("Hello"))) == [Frame((), True, "error")]
     assert heard == []
+
+
+MODES = ("retokenize", "auto", "backend")
+
+
+# --- text a broken upstream cuts: UTF-16 surrogate pairs, faults of ours ------------------------
+
+SPLIT = "Hello 🎉 world"
+
+
+def render(vocabulary: Vocabulary, frames: list[Frame]) -> bytes:
+    pieces = vocabulary.token_bytes.render([i for frame in frames for i in frame.ids])
+    assert pieces is not None
+    return b"".join(pieces)
+
+
+def one_terminal(frames: list[Frame]) -> Frame:
+    assert [frame.done for frame in frames] == [False] * (len(frames) - 1) + [True]
+    assert all(frame.ids for frame in frames[:-1])
+    return frames[-1]
+
+
+@pytest.mark.parametrize("mode", ["retokenize", "auto", "backend"])
+def test_a_surrogate_pair_cut_between_events_is_rejoined(
+    smollm2_vocabulary: Vocabulary, mode: Any
+) -> None:
+    # Some servers cut a UTF-16 pair in two: "Hello \ud83c" then "\udf89 world" (JSON escapes).
+    ids = smollm2_vocabulary.scheme.encode(SPLIT, at_start=True)
+    body = sse(text("Hello \ud83c", ids[:2]), text("\udf89 world", ids[2:]), text("", [], "stop"))
+    for cut in range(len(body) + 1):
+        t = transcoder(smollm2_vocabulary, mode)
+        frames = t.feed(body[:cut]) + t.feed(body[cut:]) + t.flush()
+        assert one_terminal(frames).finish_reason == "eos_token", cut
+        assert render(smollm2_vocabulary, frames) == SPLIT.encode(), cut
+
+
+astral = st.characters(min_codepoint=0x1F300, max_codepoint=0x1F64F)
+split_texts = st.lists(
+    st.one_of(astral, st.sampled_from([" ", "a", "日本", "é", "\n"])), min_size=1
+)
+
+
+@given(
+    value=split_texts.map("".join), cuts=st.lists(st.integers(0, 60)), mode=st.sampled_from(MODES)
+)
+def test_pairs_cut_anywhere_are_rejoined(
+    smollm2_vocabulary: Vocabulary, value: str, cuts: list[int], mode: Any
+) -> None:
+    units = utf16_units(value)
+    bounds = sorted({0, len(units), *(min(cut, len(units)) for cut in cuts)})
+    pieces = [units[a:b] for a, b in itertools.pairwise(bounds)]
+    # Backend IDs all come with the first event (running ahead of its text).
+    ids = smollm2_vocabulary.scheme.encode(value, at_start=True)
+    events = [text(piece, ids if not index else []) for index, piece in enumerate(pieces)]
+    t = transcoder(smollm2_vocabulary, mode)
+    frames = t.feed(sse(*events, text("", [], "length"))) + t.flush()
+    assert one_terminal(frames).finish_reason == "length"
+    assert render(smollm2_vocabulary, frames) == value.encode()
+
+
+@pytest.mark.parametrize("mode", ["retokenize", "auto", "backend"])
+@pytest.mark.parametrize(
+    "events",
+    [
+        [text("Hello", [19556]), text(" a\udf89 b", [])],  # a low half alone
+        [text("Hello", [19556]), text(" a\ud83c", []), text(" b", [])],  # not followed by it
+        [text("Hello", [19556]), text(" a\ud83c", [], "stop")],  # the stream ends on it
+    ],
+    ids=["low-half", "unpaired-high", "high-at-the-end"],
+)
+def test_a_lone_surrogate_ends_the_stream_with_one_error_frame(
+    smollm2_vocabulary: Vocabulary, mode: Any, events: list[dict[str, Any]]
+) -> None:
+    body = sse(*events)
+    for cut in range(len(body) + 1):
+        t = transcoder(smollm2_vocabulary, mode)
+        frames = t.feed(body[:cut]) + t.feed(body[cut:]) + t.flush()
+        assert one_terminal(frames) == Frame((), True, "error"), cut
+        assert render(smollm2_vocabulary, frames).startswith(b"Hello")  # the text before it
+        assert t.outcome is not None
+        assert "surrogate" in (t.outcome.error or "")
+        assert not t.outcome.internal
+
+
+def test_a_fault_of_ours_still_ends_the_stream_once(smollm2_vocabulary: Vocabulary) -> None:
+    seen = 0
+
+    def parse(data: str) -> Any:
+        nonlocal seen
+        seen += 1
+        if seen == 2:
+            raise RuntimeError("boom")
+        return parse_completion_chunk(data)
+
+    t = CodecTranscoder(smollm2_vocabulary.scheme, parse)
+    frames = t.feed(sse(text("Hello"), text(" world"), text("!", finish="stop")))
+    assert one_terminal(frames) == Frame((), True, "error")
+    assert t.outcome is not None
+    assert (t.outcome.internal, t.outcome.error) == (True, "internal error: RuntimeError: boom")
+    assert t.feed(sse(text("more"))) == t.flush() == t.fail("late") == []
+
+
+def test_an_id_source_that_breaks_while_ending_still_ends_the_stream(
+    smollm2_vocabulary: Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize")
+    assert t.feed(sse(text("Hello world"))) != []
+    source = t._source
+    assert source is not None
+
+    def broken(**_: Any) -> list[int]:
+        raise TypeError("TextInputSequence must be str")
+
+    monkeypatch.setattr(source, "flush", broken)
+    assert t.fail("upstream went away") == [Frame((), True, "error")]
+    assert t.outcome is not None
+    assert t.outcome.internal
+    assert t.outcome.error == (
+        "upstream went away; then internal error: TypeError: TextInputSequence must be str"
+    )
+
+
+def test_a_pair_cut_between_argument_pieces_is_rejoined(smollm2_vocabulary: Vocabulary) -> None:
+    t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
+    frames = t.feed(
+        sse(
+            delta(tool_calls=[call(0, "f", '{"e": "\ud83c', "c")]),
+            delta(tool_calls=[call(0, args='\udf89"}')]),
+            delta(content="ok"),
+            delta("tool_calls"),
+        )
+    )
+    assert one_terminal(frames).tool_calls == (ToolCall("f", '{"e": "🎉"}', "c"),)
+    assert all(encoder_for(fmt).encode(frames[-1]) for fmt in ("msgpack", "protobuf"))
+    # One half alone: the call is not whole, the stream ends with an error.
+    t = transcoder(smollm2_vocabulary, "retokenize", chat=True)
+    frames = t.feed(sse(delta(tool_calls=[call(0, "f", '{"e": "\ud83c"}', "c")]), delta("stop")))
+    assert one_terminal(frames) == Frame((), True, "error")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_text_the_vocabulary_cannot_spell_ends_the_stream(
+    smollm2_vocabulary: Vocabulary, mode: Any
+) -> None:
+    # SmolLM2 has no token for the byte 0x16: no IDs can give a client this text, so it is
+    # not handed other text in silence.
+    t = transcoder(smollm2_vocabulary, mode)
+    frames = t.feed(sse(text("Hello world, ", [19556, 905, 28]), text("a\x16b", [])))
+    frames += t.feed(sse(text(" more", [], "stop"))) + t.flush()
+    assert one_terminal(frames) == Frame((), True, "error")
+    assert render(smollm2_vocabulary, frames) == b"Hello world, a"  # all before it
+    assert t.outcome is not None
+    assert "cannot spell (U+0016)" in (t.outcome.error or "")
+    assert not t.outcome.internal
+
+
+def test_a_vocabulary_the_screen_cannot_list_still_refuses(smollm2_vocabulary: Vocabulary) -> None:
+    # Where the unspellable characters are too many to list (a continuation byte without a
+    # token), the retokenizer refuses the text itself; the stream still ends once, as an
+    # upstream error, never as other text.
+    scheme = dataclasses.replace(smollm2_vocabulary.scheme, unspellable=None)
+    t = CodecTranscoder(scheme, parse_completion_chunk)
+    frames = t.feed(sse(text("Hello world, a\x16b more", [], "stop"))) + t.flush()
+    assert one_terminal(frames) == Frame((), True, "error")
+    assert t.outcome is not None
+    assert (t.outcome.internal, t.outcome.error) == (
+        False,
+        "the upstream's text has a character the model's vocabulary cannot spell "
+        "(no token for the byte 0x16)",
+    )

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.stream.chunks import parse_completion_chunk
 from proxy.core.stream.retokenizer import Retokenizer
+from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.verify.verifier import StreamVerifier, Verification
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.core.verify.conftest import Families, MapFamily
+from tests.fake_upstream import load_capture
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -110,8 +115,8 @@ AGREED_WHOLE = Verification(True, None, 0)
 
 # Multi-byte UTF-8 (CJK, emoji that byte-level BPE splits into byte tokens, ZWJ sequences, flags),
 # SentencePiece leading spaces and space runs, special and added token text inside text,
-# contractions and newline runs. All NFC and without a literal "▁": Qwen3 normalizes to NFC and
-# SentencePiece stores a space as "▁", so such text really decodes differently.
+# contractions and newline runs; text a tokenizer would give back otherwise (Qwen3 normalizes to
+# NFC, SentencePiece stores a space as "▁"), which the retokenizer spells in byte tokens.
 TRAPS = [
     "价格是 1234.56 元，对吗？日本語も。🎉🎉 👨\u200d👩\u200d👧 done",
     " Leading space, then  two and   three.",
@@ -119,6 +124,8 @@ TRAPS = [
     "special <|im_end|> and <think>reasoning</think> <|endoftext|>",
     "We're here, aren't we? I'll say: 'yes'.\n\n\n",
     "🇫🇷🎉é\u00a0ñ—“quotes”",
+    "cafe\u0301 \u212b\u2126 x\u0344y \u0958 e\u0323\u0307.",
+    "\u2581Lead \u2581 a\u2581b \u2581\u2581  x\u2581",
 ]
 TRAP_FAMILIES = ("smollm2", "mistral.json", "qwen3.json", "llama3.json")
 
@@ -235,6 +242,113 @@ def test_memory_is_what_one_side_is_ahead_by(families: Families, data: st.DataOb
         assert held == abs(text_bytes - decoded)
     assert verifier.flush(None).agreed
     assert (len(verifier._text), len(verifier._ids)) == (0, 0)
+
+
+SPELLING_TRAPS = ["e\u0301", "\u0301", "\u212b", "\u2126", "\u0958", "\u0344", "\u2581", " \u2581 "]
+spelling_texts = st.lists(
+    st.one_of(
+        st.sampled_from(SPELLING_TRAPS),
+        st.characters(min_codepoint=0x300, max_codepoint=0x36F),
+        st.text(characters, max_size=3),
+    ),
+    max_size=16,
+).map("".join)
+
+
+@pytest.mark.parametrize("name", TRAP_FAMILIES)
+@given(data=st.data())
+def test_retokenized_text_is_the_text_for_a_client(
+    families: Families, name: str, data: st.DataObject
+) -> None:
+    # Whatever the text, what a client decodes from the retokenizer's IDs with the published
+    # map (our decoder, and codecai's) is that text: normalization traps included.
+    text = data.draw(spelling_texts, label="text")
+    deltas = split_at(text, data.draw(st.lists(st.integers(0, len(text))), label="cuts"))
+    assert retokenized(families, name, deltas) == Verification(True, None, len(text.encode()))
+    retokenizer = Retokenizer(families.scheme(name))
+    ids = [i for delta in deltas for i in retokenizer.feed(delta)] + retokenizer.flush()
+    decoder = families.map(name).decoder
+    shown = pieces(decoder, ids)
+    assert shown == text.encode() or (decoder.dummy_prefix and shown == b" " + text.encode())
+    detokenizer = families.detokenizer(name)
+    rendered = detokenizer.render(ids)
+    detokenizer.reset()
+    assert rendered == text or (decoder.dummy_prefix and rendered == " " + text)
+
+
+# --- the backend-ID check and the verifier agree ----------------------------------------------
+
+
+def served(
+    vocabulary: Vocabulary, decoder: MapDecoder, events: Sequence[bytes]
+) -> tuple[list[int], str, Verification]:
+    """A backend-ID stream as the proxy serves it, verified: the IDs sent, the text streamed and
+    the verdict."""
+    heard: list[str] = []
+    verifier = StreamVerifier(decoder)
+
+    def text(delta: str) -> None:
+        heard.append(delta)
+        verifier.text(delta)
+
+    transcoder = CodecTranscoder(
+        vocabulary.scheme,
+        parse_completion_chunk,
+        token_ids="backend",
+        token_bytes=vocabulary.token_bytes,
+        on_text=text,
+    )
+    frames = [frame for event in events for frame in transcoder.feed(event)]
+    frames += transcoder.flush()
+    sent = [i for frame in frames for i in frame.ids]
+    for frame in frames:
+        verifier.ids(frame.ids)
+    return sent, "".join(heard), verifier.flush(frames[-1].finish_reason)
+
+
+@pytest.mark.parametrize(
+    "capture",
+    [
+        "llamacpp-completions-stop-logprobs.txt",  # the stop string's ID with text ""
+        "llamacpp-completions-stop-holdback-logprobs.txt",  # " Paris" held for a stop string
+        "llamacpp-completions-eos-logprobs.txt",  # <|im_end|> with text ""
+        "llamacpp-completions-cut-utf8-logprobs.txt",
+        "llamacpp-completions-emoji-logprobs.txt",
+    ],
+)
+def test_recorded_backend_id_streams_verify(
+    smollm2_vocabulary: Vocabulary, smollm2: MapDecoder, families: Families, capture: str
+) -> None:
+    sent, text, verdict = served(smollm2_vocabulary, smollm2, load_capture(capture).events)
+    assert verdict == Verification(True, None, len(text.encode()))
+    detokenizer = families.detokenizer("smollm2")
+    assert detokenizer.render(sent) == text  # what a client reads is the JSON answer
+    detokenizer.reset()
+
+
+def completion_event(text: str, ids: Sequence[int], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": text, "logprobs": {"content": [{"id": i} for i in ids]}}
+    return b"data: " + json.dumps({"choices": [{**choice, "finish_reason": finish}]}).encode()
+
+
+@given(text=texts, stop=texts.filter(bool), cuts=st.lists(st.integers(0, 40)))
+def test_a_stop_string_reported_with_no_text_verifies(
+    smollm2_vocabulary: Vocabulary, smollm2: MapDecoder, text: str, stop: str, cuts: list[int]
+) -> None:
+    # llama.cpp's shape for a matched stop string: its IDs in a chunk with text "", then the
+    # finish. OpenAI's `stop` leaves it out of the answer: the client reads the text alone.
+    tokenizer = smollm2_vocabulary.loaded.tokenizer
+    events = [
+        completion_event(delta, tokenizer.encode(delta, add_special_tokens=False).ids) + b"\n\n"
+        for delta in split_at(text, cuts)
+        if delta
+    ]
+    stop_ids = tokenizer.encode(stop, add_special_tokens=False).ids
+    events += [completion_event("", stop_ids) + b"\n\n", completion_event("", [], "stop") + b"\n\n"]
+    sent, streamed, verdict = served(smollm2_vocabulary, smollm2, events)
+    assert streamed == text
+    assert verdict.agreed
+    assert b"".join(smollm2.table[i] or b"" for i in sent) == text.encode()
 
 
 # --- the rules, on SmolLM2's real vocabulary (byte-level) ------------------------------------

@@ -134,7 +134,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* Settings the chart sets from its own values; `config` may not repeat them. */}}
 {{- define "codec-proxy.managedSettings" -}}
-{{- list "upstream" "tokenizer" "models" "default_model" "host" "port" "drain_timeout" "version_policy" "deployment_id" "docs_url" "safety_policy" "enforce_safety_policy" "api_key" "api_key_file" | toJson -}}
+{{- list "upstream" "tokenizer" "models" "default_model" "host" "port" "admin_port" "drain_timeout" "version_policy" "deployment_id" "docs_url" "safety_policy" "enforce_safety_policy" "api_key" "api_key_file" | toJson -}}
 {{- end -}}
 
 {{/* Secret settings: a ConfigMap is readable by anyone who may read the namespace's
@@ -241,6 +241,12 @@ tokenizer:
 {{- $_ := set $s "tokenizer" (index $tokenizers 0).path -}}
 {{- end -}}
 {{- $_ := set $s "port" (int .Values.port) -}}
+{{- if .Values.adminPort -}}
+{{- if eq (int .Values.adminPort) (int .Values.port) -}}
+{{- fail "adminPort must differ from port" -}}
+{{- end -}}
+{{- $_ := set $s "admin_port" (int .Values.adminPort) -}}
+{{- end -}}
 {{- $_ := set $s "drain_timeout" .Values.drainTimeout -}}
 {{- $p := .Values.policy -}}
 {{- $_ := set $s "version_policy" $p.version -}}
@@ -275,6 +281,12 @@ tokenizer:
 {{- end -}}
 {{- end -}}
 
+{{/* The container port the probes and scrapers use: the admin port's when there is one (the
+     serving port then relays /livez, /readyz and /metrics to the engine). */}}
+{{- define "codec-proxy.probePort" -}}
+{{- ternary "admin" "http" (not (empty .Values.adminPort)) -}}
+{{- end -}}
+
 {{/* The codec-proxy container. */}}
 {{- define "codec-proxy.container" -}}
 name: codec-proxy
@@ -289,20 +301,25 @@ ports:
   - name: http
     containerPort: {{ int .Values.port }}
     protocol: TCP
+  {{- with .Values.adminPort }}
+  - name: admin
+    containerPort: {{ int . }}
+    protocol: TCP
+  {{- end }}
 startupProbe:
   httpGet:
     path: /livez
-    port: http
+    port: {{ include "codec-proxy.probePort" . }}
   {{- toYaml .Values.probes.startup | nindent 2 }}
 livenessProbe:
   httpGet:
     path: /livez
-    port: http
+    port: {{ include "codec-proxy.probePort" . }}
   {{- toYaml .Values.probes.liveness | nindent 2 }}
 readinessProbe:
   httpGet:
     path: /readyz
-    port: http
+    port: {{ include "codec-proxy.probePort" . }}
   {{- toYaml .Values.probes.readiness | nindent 2 }}
 lifecycle:
   preStop:
@@ -379,7 +396,7 @@ volumeMounts:
 checksum/config: {{ include "codec-proxy.settings" . | sha256sum }}
 {{- if .Values.metrics.podAnnotations }}
 prometheus.io/scrape: "true"
-prometheus.io/port: {{ int .Values.port | quote }}
+prometheus.io/port: {{ int (.Values.adminPort | default .Values.port) | quote }}
 prometheus.io/path: /metrics
 {{- end }}
 {{- with .Values.podAnnotations }}

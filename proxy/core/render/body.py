@@ -1,0 +1,119 @@
+"""A Codec response body's bytes in, the OpenAI JSON they render to out.
+
+    body bytes --StreamDecompressor--> frame bytes --FrameDecoder--> Frames --renderer--> JSON
+
+What a client in front of a Codec server needs, in one object with the shape of every stateful
+piece here: `feed` each read of the body as it arrives (content-coded, as on the wire), `flush`
+at its end, `fail` when the connection breaks. Whatever goes wrong inside (a coding or a frame
+that does not decode, bytes after the terminal frame) ends the answer the renderer's way: an
+error event after the text so far (openai.py), never an exception in the middle of a body the
+client is already reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final, Literal, Protocol
+
+from proxy.core.compression.decompressors import StreamDecompressor
+from proxy.core.errors import ProxyError
+from proxy.core.wire.decoder import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
+from proxy.core.wire.formats import MSGPACK, MSGPACK_DELTA, PROTOBUF
+from proxy.core.wire.frames import Frame
+
+__all__ = ["FrameFormat", "RenderedBody", "Renderer", "response_stream_format"]
+
+FrameFormat = Literal["msgpack", "msgpack-delta", "protobuf"]
+
+# The media types of Codec responses (codec-spec.md §1.3); a parameter never changes the format.
+_BY_MEDIA_TYPE: Final[Mapping[str, FrameFormat]] = {
+    "application/x-msgpack": MSGPACK,
+    "application/x-protobuf": PROTOBUF,
+}
+_SENT_FORMATS: Final[Mapping[str, FrameFormat]] = {
+    MSGPACK: MSGPACK,
+    MSGPACK_DELTA: MSGPACK_DELTA,
+    PROTOBUF: PROTOBUF,
+}
+
+
+def response_stream_format(
+    content_type: str | None, codec_stream_format: str | None
+) -> FrameFormat | None:
+    """The frame format of a response: codec-proxy names it in `Codec-Stream-Format` (the only
+    way to tell `msgpack-delta` from `msgpack`, docs/ENDPOINTS.md); else the media type says it.
+    None: not a Codec body (a JSON-SSE stream, an error)."""
+    if codec_stream_format is not None:
+        return _SENT_FORMATS.get(codec_stream_format.strip().lower())
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    return _BY_MEDIA_TYPE.get(media_type)
+
+
+class Renderer(Protocol):
+    """openai.py's `SseRenderer` and `CompletionRenderer`."""
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    def feed(self, frames: Iterable[Frame]) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+    def fail(self, message: str) -> bytes: ...
+
+
+class RenderedBody:
+    """One Codec response body rendered for an OpenAI client."""
+
+    __slots__ = ("_decompressor", "_frames", "_renderer", "wire_bytes")
+
+    def __init__(
+        self,
+        renderer: Renderer,
+        stream_format: FrameFormat,
+        decompressor: StreamDecompressor,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self._renderer = renderer
+        self._decompressor = decompressor
+        self._frames = FrameDecoder(stream_format, max_frame_bytes)
+        # The body's bytes as they came over the wire (content-coded): what Codec cost.
+        self.wire_bytes = 0
+
+    @property
+    def done(self) -> bool:
+        return self._renderer.done
+
+    @property
+    def tokens(self) -> int:
+        """IDs received so far."""
+        return self._renderer.tokens
+
+    def feed(self, data: bytes) -> bytes:
+        self.wire_bytes += len(data)
+        if self._renderer.done:
+            # The answer is complete: what follows the terminal frame is the server's error,
+            # and the client has all it asked for.
+            return b""
+        try:
+            frames = self._frames.feed(self._decompressor.feed(data))
+        except ProxyError as exc:
+            return self._renderer.fail(exc.message)
+        return self._renderer.feed(frames)
+
+    def flush(self) -> bytes:
+        if self._renderer.done:
+            return b""
+        try:
+            self._decompressor.flush()
+            self._frames.flush()
+        except ProxyError as exc:
+            return self._renderer.fail(exc.message)
+        return self._renderer.flush()
+
+    def fail(self, message: str) -> bytes:
+        return self._renderer.fail(message)

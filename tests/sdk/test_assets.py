@@ -1,0 +1,62 @@
+"""Maps and dictionaries are kept only when their bytes hash to the digest a response named."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from proxy.maps.publish import publish
+from proxy.sdk.assets import CodecAssets, CodecIntegrityError, dictionary_digest
+from proxy.tokenizers.vocabulary import Vocabulary
+from tests.compression_support import shipped_dictionaries
+
+
+def test_a_map_is_kept_by_the_digest_of_its_bytes(smollm2_vocabulary: Vocabulary) -> None:
+    published = publish(
+        smollm2_vocabulary.loaded, "test/smollm2", content=smollm2_vocabulary.map_content
+    )
+    assets = CodecAssets()
+    assert assets.map(published.digest) is None
+    decoder = assets.add_map(published.digest, published.body)
+    assert assets.map(published.digest) is decoder
+    assert decoder.map_id == "test/smollm2"
+    # A second load of the same map keeps the first decoder.
+    assert assets.add_map(published.digest, published.body) is decoder
+    with pytest.raises(CodecIntegrityError, match="hashes to sha256:"):
+        assets.add_map(published.digest, published.body + b" ")
+    other = "0" * 64
+    with pytest.raises(CodecIntegrityError, match="hashes to"):
+        assets.add_map(other, published.body)
+    assert assets.map(other) is None
+
+
+def test_bytes_that_hash_right_but_are_no_map_are_refused() -> None:
+    body = b'{"encoder": "unknown"}'
+    with pytest.raises(CodecIntegrityError, match="no tokenizer map"):
+        CodecAssets().add_map(hashlib.sha256(body).hexdigest(), body)
+
+
+def test_a_dictionary_is_kept_by_its_digest() -> None:
+    loaded = shipped_dictionaries().for_format("protobuf")
+    assert loaded is not None
+    assets = CodecAssets()
+    assert assets.add_dictionary(loaded.hex_digest, loaded.data) == loaded.data
+    assert assets.dictionary(loaded.hex_digest) == loaded.data
+    with pytest.raises(CodecIntegrityError, match="zstd dictionary"):
+        assets.add_dictionary("1" * 64, loaded.data)
+
+
+@pytest.mark.parametrize(
+    ("header", "digest"),
+    [
+        ("sha256:" + "ab" * 32, "ab" * 32),
+        ("sha256:" + "AB" * 32, None),
+        ("sha256:" + "ab" * 8, None),
+        ("ab" * 32, None),
+        (" sha256:" + "ab" * 32, None),
+        (None, None),
+    ],
+)
+def test_the_dictionary_header_codecai_accepts(header: str | None, digest: str | None) -> None:
+    assert dictionary_digest(header) == digest
