@@ -25,10 +25,11 @@ Part 2, `live`: the real proxy (a `codec-proxy serve` child process) in front of
 upstream that replays natural 2048-token streams at 50 tokens/s, each format and coding in
 turn (a Codec client insisting on it with `identity;q=0`), with the default policy and with
 per-frame flushing; at the default policy also clients offering `gzip, deflate, br, zstd`, with
-and without `Codec-Client-Version`, to see what the negotiation gives them. A client
-decompresses as bytes arrive (the zstd dictionary picked by codecai's
-`select_zstd_dict_for_response`) and records when each token becomes decodable; latency is
-measured from the moment the upstream wrote the delta that produced the token.
+and without `Codec-Client-Version`, to see what the negotiation gives them, and a JSON client
+offering the same (`json_compression` on). A client decompresses as bytes arrive (the zstd
+dictionary picked by codecai's `select_zstd_dict_for_response`) and records when each token
+becomes decodable (a JSON client: each event); latency is measured from the moment the
+upstream wrote the delta that produced the token.
 
 Part 3, `levels`: encoder effort (gzip level, brotli quality, zstd level) at the default
 policy, natural text, 2048 tokens.
@@ -41,6 +42,13 @@ The coding table: bytes/token of every coding for every format the proxy sends, 
     python bench/compression.py --coding-table print   # the module's text, and what a client
     python bench/compression.py --coding-table write   # offering everything gets; write it
     python bench/compression.py --offer-everything     # live: what such clients get, measured
+
+JSON against Codec: bytes/token of the same natural streams as vLLM's JSON-SSE chunks (the
+upstream's bytes, and compressed as `json_compression` sends them, through the proxy's own
+`CompressedEventsBody`) and as Codec msgpack and protobuf frames, identity and compressed,
+every event or frame flushed, at the default schedule, and whole:
+
+    python bench/compression.py --versus-json          # seconds; also in every full run
 """
 
 from __future__ import annotations
@@ -726,7 +734,8 @@ class Decompressor:
         elif coding == "br":
             self.feed = brotli.Decompressor().process
         elif coding == "zstd":
-            zdict = zstandard.ZstdCompressionDict(dictionary or b"")
+            # Without a dictionary: plain zstd, a JSON response.
+            zdict = None if dictionary is None else zstandard.ZstdCompressionDict(dictionary)
             self.feed = zstandard.ZstdDecompressor(dict_data=zdict).decompressobj().decompress
         else:
             self.feed = bytes
@@ -753,11 +762,15 @@ def forced(fmt: str, coding: str) -> LiveJob:
 
 
 def offering_everything(streams: int) -> list[LiveJob]:
-    """httpx's default offer, from a generic client and from a Codec client, every format."""
+    """httpx's default offer, from a generic client and from a Codec client, every format;
+    and from a JSON client (`json_compression` on)."""
     return [
-        LiveJob(fmt, OFFER_EVERYTHING, codec_client, streams)
-        for fmt in FORMATS
-        for codec_client in (False, True)
+        *(
+            LiveJob(fmt, OFFER_EVERYTHING, codec_client, streams)
+            for fmt in FORMATS
+            for codec_client in (False, True)
+        ),
+        LiveJob(JSON, OFFER_EVERYTHING, codec_client=False, streams=streams),
     ]
 
 
@@ -771,7 +784,9 @@ class LiveResult:
 async def _client_stream(
     base: str, index: int, job: LiveJob, loaded: dict[str, bytes]
 ) -> LiveResult:
-    body = {"prompt": str(index), "max_tokens": 4096, "stream_format": job.fmt}
+    body: dict[str, Any] = {"prompt": str(index), "max_tokens": 4096, "stream_format": job.fmt}
+    if job.fmt == JSON:
+        body = {"prompt": str(index), "max_tokens": 4096, "stream": True}
     times: list[float] = []
     wire = 0
     headers = {"Accept-Encoding": job.accept_encoding}
@@ -786,6 +801,16 @@ async def _client_stream(
                 dict(resp.headers), loaded_dicts=loaded if job.codec_client else {}
             )
             decompress = Decompressor(coding, dictionary)
+            if job.fmt == JSON:
+                # One time per event: each carries one token's text.
+                pending = b""
+                async for chunk in resp.content.iter_any():
+                    wire += len(chunk)
+                    pending += decompress.feed(chunk)
+                    *events, pending = pending.split(b"\n\n")
+                    now = time.perf_counter()
+                    times.extend(now for _ in events)
+                return LiveResult(times, wire, coding)
             decoder = FrameDecoder(job.fmt)  # type: ignore[arg-type]
             async for chunk in resp.content.iter_any():
                 wire += len(chunk)
@@ -836,6 +861,9 @@ async def run_live(
             str(proxy_port),
             "--flush-interval-ms",
             str(interval),
+            # For the JSON clients; Codec streams are not affected by it.
+            "--json-compression",
+            "on",
             "--log-level",
             "WARNING",
             stdout=subprocess.DEVNULL,
@@ -862,13 +890,19 @@ async def run_live(
                 if of is not job:
                     continue
                 trace = replay.traces[index]
-                owners = _producing_read(transcode(trace, scheme), trace)
+                if of.fmt == JSON:
+                    # Event k was written k-th; the last write holds the final event and [DONE].
+                    last = len(trace.events) - 1
+                    owners = [min(k, last) for k in range(len(result.times))]
+                    tokens += stream_tokens(trace, scheme)
+                else:
+                    owners = _producing_read(transcode(trace, scheme), trace)
+                    tokens += len(result.times)
                 sent = replay.sent[index]
                 mine = [(t - sent[o]) * 1000 for t, o in zip(result.times, owners, strict=False)]
                 latencies += mine
                 firsts.append(mine[0])
                 wire += result.wire
-                tokens += len(result.times)
                 codings.add(result.coding)
             rows.append(
                 {

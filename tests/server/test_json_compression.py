@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import gzip
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import pytest
 from multidict import CIMultiDictProxy
 
 import proxy.server.control.json_compression as json_compression_module
+from proxy.server.models.live import LIVE
+from proxy.server.process.reload import reload
 from tests.compression_support import decompress_whole, incremental_decompressor
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
-from tests.server.conftest import MakeProxy, ProxyClient
+from tests.server.conftest import MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import policy_document, v04, write_policy
 
 # What the data plane does with a stream, on both event loops it runs on.
@@ -487,3 +490,20 @@ async def test_json_is_compressed_under_every_rollout_switch(
     assert status == 200
     assert headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(wire) == capture.body
+
+
+async def test_a_reload_turns_it_on_and_off_for_the_next_request(
+    proxy: ProxyClient, upstream: FakeUpstream
+) -> None:
+    capture = load_capture("vllm-completions-sample.txt")
+    app = app_of(proxy)
+    steps: tuple[tuple[Literal["on", "off"], str], ...] = (("on", "gzip"), ("off", "identity"))
+    for setting, expected in steps:
+        live = app[LIVE].current.settings
+        result = await reload(app, dataclasses.replace(live, json_compression=setting))
+        assert result.ok
+        assert result.changed == ("json_compression",)
+        upstream.script = Script(capture)
+        _, headers, wire = await fetch(proxy, "gzip")
+        assert headers.get("Content-Encoding", "identity") == expected
+        assert decompress_whole(expected, wire) == capture.body
