@@ -569,6 +569,8 @@ def versus_json(
     by event or frame by frame whatever the schedule, compressed codings on the schedule."""
     tokens = sum(stream_tokens(trace, scheme) for trace in traces)
     rows: list[dict[str, Any]] = []
+    # Every row is over the same streams.
+    over = {"length": traces[0].length, "streams": len(traces)}
     shapes = (("JSON completions", list(traces)), ("JSON chat", [as_chat(t) for t in traces]))
     for name, shaped in shapes:
         for coding in CODINGS:
@@ -579,7 +581,7 @@ def versus_json(
                     for trace in shaped
                 )
                 cells[_policy_name(policy)] = round(sent / tokens, 2)
-            rows.append({"stream": name, "coding": coding, "bytes_per_token": cells})
+            rows.append({"stream": name, "coding": coding, "bytes_per_token": cells, **over})
     streams = [transcode(trace, scheme) for trace in traces]
     for fmt in FORMATS:
         dictionary = dictionaries.for_format(fmt)
@@ -604,7 +606,9 @@ def versus_json(
                     )
                 cells[_policy_name(policy)] = round(sim.bytes / sim.tokens, 2)
             name = "dict-zstd" if coding == "zstd" else coding
-            rows.append({"stream": f"Codec {fmt}", "coding": name, "bytes_per_token": cells})
+            rows.append(
+                {"stream": f"Codec {fmt}", "coding": name, "bytes_per_token": cells, **over}
+            )
     return rows
 
 
@@ -1134,7 +1138,7 @@ def render_markdown(document: dict[str, Any]) -> str:
         out += ["", _CODING_TABLE_TITLE, ""]
         out += render_coding_table_markdown(document["coding_table"])
     if document.get("versus_json"):
-        out += ["", _VERSUS_TITLE, ""]
+        out += ["", _versus_title(document["versus_json"]), ""]
         out += render_versus_markdown(document["versus_json"])
     if document["live"]:
         out += ["", "**Live, through the real proxy** (natural text, 50 tokens/s)", ""]
@@ -1148,10 +1152,12 @@ _CODING_TABLE_TITLE = (
 )
 
 
-_VERSUS_TITLE = (
-    f"**JSON against Codec** (natural, {TABLE_LENGTH} tokens x{TABLE_STREAMS}, {RATE:g} "
-    "tokens/s, each as the proxy sends it): bytes/token"
-)
+def _versus_title(rows: Sequence[dict[str, Any]]) -> str:
+    length, streams = rows[0]["length"], rows[0]["streams"]
+    return (
+        f"**JSON against Codec** (natural, {length} tokens x{streams}, {RATE:g} tokens/s, each "
+        "as the proxy sends it): bytes/token"
+    )
 
 
 def render_coding_table_markdown(table: CodingTable) -> list[str]:
@@ -1216,7 +1222,7 @@ def main() -> None:
     if args.versus_json:
         table_traces = natural_traces(tokenizer, (TABLE_LENGTH,), TABLE_STREAMS)
         rows = versus_json(table_traces, scheme, dictionaries, max_frames)
-        print("\n".join([_VERSUS_TITLE, "", *render_versus_markdown(rows)]))
+        print("\n".join([_versus_title(rows), "", *render_versus_markdown(rows)]))
         return
     if args.coding_table or args.offer_everything:
         table_traces = natural_traces(tokenizer, (TABLE_LENGTH,), TABLE_STREAMS)
