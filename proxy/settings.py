@@ -375,6 +375,15 @@ class Settings:
         flag="zstd-dict",
     )
 
+    # --- compressed JSON responses (docs/COMPRESSION.md "JSON responses") ---
+    # Off by default: on, a client that offers gzip, br or zstd receives compressed what it
+    # received plain before (decoded, the same bytes), so turning it on is the operator's call.
+    json_compression: Literal["off", "on"] = option(
+        "off",
+        help="compress JSON responses for clients that accept gzip, br or zstd: streams on the "
+        "flush schedule, whole bodies whole (off: as the upstream sent them)",
+    )
+
     # --- rolling Codec out (docs/ROLLOUT.md); these change at run time (SIGHUP) ---
     # Decided before any upstream contact; a refused Codec request gets 403
     # `codec_not_enabled` and JSON requests are never affected (proxy/core/http/access.py).
