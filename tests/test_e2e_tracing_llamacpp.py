@@ -61,6 +61,7 @@ async def test_a_codec_request_through_llama_cpp(
     attributes = server.attributes
     assert attributes["codec.token_source"] == response_headers["Codec-Token-Source"] == "backend"
     assert attributes["gen_ai.response.finish_reasons"] == (frames[-1].finish_reason,)
+    assert attributes["gen_ai.response.model"].endswith(".gguf")  # llama.cpp names its file
     # llama.cpp's usage: 16 tokens asked for, and the IDs sent are the ones it sampled.
     assert attributes["gen_ai.usage.output_tokens"] == 16
     assert attributes["codec.tokens"] == sum(len(frame.ids) for frame in frames) == 16

@@ -333,6 +333,8 @@ async def test_a_codec_stream_ends_its_span_after_its_terminal_frame(
         4,
     )
     assert attributes["gen_ai.response.finish_reasons"] == (frames[-1].finish_reason,)
+    # What the upstream's finishing chunk says generated the answer.
+    assert attributes["gen_ai.response.model"] == "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     # The client's frames against the JSON the upstream sent.
     assert 0 < attributes["codec.bytes_sent"] < attributes["codec.upstream_bytes"]
     assert attributes["codec.upstream_bytes"] == len(capture.body)

@@ -62,6 +62,9 @@ class ChunkDelta:
     token_ids: tuple[int, ...] | None = None
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    # The chunk's `model` (what the upstream says generated it), read from the finishing
+    # chunk only: once per stream, not per token.
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +144,15 @@ def _parse_chunk(data: str, read_choice: ChoiceReader) -> ChunkResult:
     if stop_reason is not None and type(stop_reason) not in (str, int):
         raise _protocol_error("`stop_reason` is neither a string, an integer nor null")
     text, tool_calls = read_choice(choice)
+    model = chunk.get("model") if finish_reason is not None else None
     return ChunkDelta(
-        text, finish_reason, stop_reason, _token_ids(choice), usage, tool_calls=tool_calls
+        text,
+        finish_reason,
+        stop_reason,
+        _token_ids(choice),
+        usage,
+        tool_calls=tool_calls,
+        model=model if type(model) is str else None,
     )
 
 

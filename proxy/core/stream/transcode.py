@@ -65,6 +65,8 @@ class StreamOutcome:
     tool_calls: int = 0
     # The error was a fault of the proxy, not of the upstream.
     internal: bool = False
+    # The model the upstream named in its finishing chunk (None: it named none).
+    model: str | None = None
 
 
 class CodecTranscoder:
@@ -98,6 +100,7 @@ class CodecTranscoder:
         self._calls: list[ToolCall] = []  # complete, waiting for a frame to ride on
         self._tokens = 0
         self._usage: Usage | None = None
+        self._model: str | None = None
         self._outcome: StreamOutcome | None = None
 
     @property
@@ -174,6 +177,8 @@ class CodecTranscoder:
             return
         if chunk.usage is not None:
             self._usage = chunk.usage
+        if chunk.model is not None:
+            self._model = chunk.model
         if chunk.tool_calls:
             self._calls += self._tool_calls.feed(chunk.tool_calls)
         text = self._pairs.feed(chunk.text)
@@ -271,6 +276,7 @@ class CodecTranscoder:
             spans,
             self._tool_calls.emitted,
             internal,
+            self._model,
         )
 
     def _take_calls(self) -> tuple[ToolCall, ...]:

@@ -144,6 +144,8 @@ class _RequestTrace(RequestTrace):
             attributes["codec.verification"] = verification
         if outcome is not None:
             attributes["gen_ai.response.finish_reasons"] = (outcome.finish_reason,)
+            if outcome.model is not None:
+                attributes["gen_ai.response.model"] = outcome.model[:_MODEL_CHARS]
             attributes["codec.tokens"] = outcome.tokens
             usage = outcome.usage
             # The backend's own count where it sent one; else the IDs it streamed.

@@ -141,13 +141,16 @@ def test_vllm_null_token_ids_and_stop_reason() -> None:
 
 def test_vllm_stop_reason_names_the_stop_string() -> None:
     last = deltas(parse_capture("vllm-completions-stop-sequence.txt"))[-1]
-    assert last == ChunkDelta("", finish_reason="stop", stop_reason=" 6")
+    assert last == ChunkDelta("", finish_reason="stop", stop_reason=" 6", model="smollm2")
 
 
 def test_llamacpp_chat_role_delta_and_usage_chunk() -> None:
     chunks = deltas(parse_capture("llamacpp-chat-usage.txt"))
     assert chunks[0] == ChunkDelta("")  # {"role": "assistant", "content": null}
-    assert chunks[-2] == ChunkDelta("", finish_reason="length")  # delta {}
+    # delta {}; the finishing chunk names the model
+    assert chunks[-2] == ChunkDelta(
+        "", finish_reason="length", model="models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     assert chunks[-1] == ChunkDelta("", usage=Usage(35, 24, 59))  # choices []
 
 
@@ -465,3 +468,20 @@ def test_synthetic_tool_call_stream_parses_into_deltas() -> None:
     arguments = ["".join(c.arguments for c in calls if c.index == i) for i in (0, 1)]
     assert arguments == ['{"city": "Paris"}', '{"tz": "CET"}']
     assert all(chunk.token_ids for chunk in deltas(results)[1:-1])
+
+
+def test_the_finishing_chunk_names_the_model() -> None:
+    # Read once per stream, from the chunk with the finish reason only.
+    middle = parse_completion_chunk(
+        '{"model": "m-1", "choices": [{"text": "a", "index": 0, "finish_reason": null}]}'
+    )
+    last = parse_completion_chunk(
+        '{"model": "m-1", "choices": [{"text": "", "index": 0, "finish_reason": "length"}]}'
+    )
+    odd = parse_completion_chunk(
+        '{"model": 7, "choices": [{"text": "", "index": 0, "finish_reason": "stop"}]}'
+    )
+    assert isinstance(middle, ChunkDelta)
+    assert isinstance(last, ChunkDelta)
+    assert isinstance(odd, ChunkDelta)
+    assert (middle.model, last.model, odd.model) == (None, "m-1", None)
