@@ -302,12 +302,25 @@ class UpstreamPool:
                         data,
                         head_only=method == "HEAD",
                     )
-            except UpstreamConnectionError as exc:
+            except BaseException as exc:
+                # The attempt is over: nothing of it stays open upstream.
                 upstream.outstanding -= 1
                 if attempt is not None:
                     attempt.failed(exc)
                 if conn is not None:
+                    if not isinstance(exc, UpstreamConnectionError):
+                        conn.close()  # a timeout or the client gone: abandon the request
                     self.connections.release(conn, origin)
+                if isinstance(exc, TimeoutError):
+                    # The time-to-first-byte budget ran out while waiting for the head.
+                    self.metrics.timeouts.labels("ttft").inc()
+                    self._failed(upstream, "timeout", exc)
+                    raise UpstreamTimeout(
+                        f"upstream {upstream.url} did not answer in time (ttft timeout)",
+                        code="ttft_timeout",
+                    ) from exc
+                if not isinstance(exc, UpstreamConnectionError):
+                    raise  # cancelled: the client left
                 last_failure = exc
                 if not exc.nothing_received:
                     self._failed(upstream, "protocol", exc)
@@ -322,29 +335,6 @@ class UpstreamPool:
                 tried.add(upstream.url)
                 self.metrics.retries.inc()
                 continue
-            except TimeoutError as exc:
-                # The time-to-first-byte budget ran out while waiting for response headers.
-                upstream.outstanding -= 1
-                if attempt is not None:
-                    attempt.failed(exc)
-                if conn is not None:
-                    conn.close()
-                    self.connections.release(conn, origin)
-                self.metrics.timeouts.labels("ttft").inc()
-                self._failed(upstream, "timeout", exc)
-                raise UpstreamTimeout(
-                    f"upstream {upstream.url} did not answer in time (ttft timeout)",
-                    code="ttft_timeout",
-                ) from exc
-            except BaseException as exc:
-                # Cancelled (the client left): the request must not stay open upstream.
-                upstream.outstanding -= 1
-                if attempt is not None:
-                    attempt.failed(exc)
-                if conn is not None:
-                    conn.close()
-                    self.connections.release(conn, origin)
-                raise
             if head.status >= 500:
                 self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
             if self.balancer.answered(upstream, head.status, time.monotonic()):
