@@ -80,7 +80,7 @@ def create_app(
     TokenizerLoadError, TokenizerMapError, DictionaryError or ConfigError.
     """
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
-    live = build_live(settings, {model.name: model.vocabulary for model in served})
+    live = build_live(settings, {m.name: m.vocabulary for m in served if not m.speaks_codec})
     # With an admin listener the probes and the proxy's metrics are there, and these paths are
     # relayed here like any other (server/control/admin.py).
     probes = settings.admin_port is None
