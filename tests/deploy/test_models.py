@@ -214,6 +214,8 @@ def test_the_chart_writes_each_entry_as_given(helm: Path, tmp_path: Path) -> Non
         "flush_interval_ms": 5,
         "flush_frames": 4,
         "max_streams": 64,
+        "upstream_protocol": "json",
+        "upstream_stream_format": "msgpack",
     }
     assert set(entry) | {"name", "upstreams", "tokenizer"} == {
         f.name for f in dataclasses.fields(ModelSettings)
