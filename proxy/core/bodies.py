@@ -12,6 +12,9 @@ what arrived, `on_deadline` when the deadline passed first, `flush` at the upstr
   sampled stream is also verified (`verified_codec_body`, proxy/core/verify/): the IDs of the
   frames the guard lets out against the text the transcoder was streamed.
 
+(One more kind lives with the renderer: `RenderedResponseBody`, proxy/core/render/response.py,
+a Codec upstream's frames rendered as OpenAI JSON.)
+
 Before the response starts the edge reads until the body is `ready` (its status and headers
 can be decided), so a failure up to then is still a clean HTTP error.
 """

@@ -47,7 +47,7 @@ from proxy.core.render.ask import (
 )
 from proxy.core.render.assets import CodecAssets, dictionary_digest
 from proxy.core.render.body import FrameFormat, RenderedBody, response_stream_format
-from proxy.core.render.edge import envelope_for, renderer_for
+from proxy.core.render.response import envelope_for, renderer_for
 from proxy.core.verify.map_decoder import MapDecoder
 
 __all__ = ["AsyncCodecTransport", "CodecStats", "CodecTransport"]

@@ -179,7 +179,8 @@ def test_secrets_are_refused_under_config(helm: Path, name: str) -> None:
         (["--set", "tokenizer.path=tokenizer.json", *map(str, values_args("edge"))],
          "leave tokenizer at its default"),
         (["--set", "upstreamProtocol=grpc"], "upstreamProtocol"),
-        (["--set-json", 'models[0].upstream_protocol="codec"', *map(str, values_args("multimodel"))],
+        (["--set-json", 'models[0].upstream_protocol="codec"',
+          *map(str, values_args("multimodel"))],
          "models[0].tokenizer: model llama-3.1-8b's upstream speaks Codec"),
     ],
 )  # fmt: skip

@@ -87,6 +87,7 @@ def test_the_models_reach_the_config_file(
     assert smollm.drift_check_interval == 600
     assert llama.drift_check_interval == settings.drift_check_interval
     for model in models.values():
+        assert model.tokenizer is not None
         assert PurePosixPath(f"/models/{model.name}") in {
             PurePosixPath(model.tokenizer),
             *PurePosixPath(model.tokenizer).parents,

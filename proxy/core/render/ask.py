@@ -1,7 +1,7 @@
 """What a client of a Codec server decides, without I/O: which requests it asks Codec for, how,
 and when an answer means "repeat it as JSON". Two such clients share it: the OpenAI SDK
 transport (proxy/sdk/) and codec-proxy itself in front of a Codec server (`upstream_protocol =
-"codec"`, proxy/server/control/edge.py).
+"codec"`, proxy/server/control/codec_upstream.py).
 
 A request is asked as Codec only when every byte of what the OpenAI client expects can come
 back from frames; anything else passes through untouched (docs/CLIENTS.md):

@@ -43,7 +43,7 @@ from proxy.core.shown import quoted
 from proxy.core.wire.codec_request import decode_codec_request
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.server.control.codec import codec_plan, serve_codec
-from proxy.server.control.edge import relay_codec_request, serve_edge
+from proxy.server.control.codec_upstream import relay_codec_request, serve_from_codec
 from proxy.server.control.headers import combined_header, request_target
 from proxy.server.control.policed_json import police_json
 from proxy.server.control.relay import relay
@@ -110,7 +110,9 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     parsed = await off_loop(len(body), lambda: endpoint.parse_request(body, limits))
     model = route_request(request, parsed.body.get("model"))
     if model.speaks_codec:
-        return await _edge(request, endpoint, model, raw, parsed.body, codec=parsed.is_codec)
+        return await _from_codec_upstream(
+            request, endpoint, model, raw, parsed.body, codec=parsed.is_codec
+        )
     if not parsed.is_codec:
         # JSON is not Codec traffic: never refused for its version. Passed through byte for
         # byte (coding and all) unless a safety policy must read it.
@@ -131,7 +133,7 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     return await serve_codec(request, plan)
 
 
-async def _edge(
+async def _from_codec_upstream(
     request: web.Request,
     endpoint: Endpoint,
     model: ServedModel,
@@ -140,8 +142,8 @@ async def _edge(
     *,
     codec: bool,
 ) -> web.StreamResponse:
-    """A model whose upstream speaks Codec (server/control/edge.py): a Codec client's request
-    goes up as it is; a JSON one is asked as Codec and rendered, or relayed."""
+    """A model whose upstream speaks Codec (server/control/codec_upstream.py): a Codec client's
+    request goes up as it is; a JSON one is asked as Codec and rendered, or relayed."""
     renamed = _renamed(fields, model)
     if codec:
         if renamed is None:
@@ -149,7 +151,7 @@ async def _edge(
         return await relay_codec_request(request, model, renamed, drop=("content-encoding",))
     if renamed is not None:
         fields = {**fields, "model": model.config.upstream_model}
-    return await serve_edge(
+    return await serve_from_codec(
         request, endpoint, fields, lambda: _relay_renamed(request, raw, renamed)
     )
 

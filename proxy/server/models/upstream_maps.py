@@ -47,7 +47,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 
@@ -79,7 +79,7 @@ RETRY_SECONDS: Final = 10.0
 BAD_SECONDS: Final = 60.0
 # The discovery documents are compressed by codec-proxy when asked (docs/TOKENIZER_MAPS.md);
 # the proxy's session does not decode them, the capped decompressors do.
-_FETCH_HEADERS: Final = (("Accept-Encoding", "br, gzip"), ("User-Agent", "codec-proxy-edge"))
+_FETCH_HEADERS: Final = (("Accept-Encoding", "br, gzip"), ("User-Agent", "codec-proxy-maps"))
 
 
 class MapUnavailable(ProxyError):
@@ -120,7 +120,7 @@ class UpstreamMaps:
         self._bad_until = 0.0
         self._seen_drift: set[str] = set()
         self._tasks: set[asyncio.Task[object]] = set()
-        # Where the upstream refused Codec (proxy/server/control/edge.py): JSON for a while.
+        # Where the upstream refused Codec (server/control/codec_upstream.py): JSON for a while.
         self.refusals = RefusalMemory()
         readiness.update(Check(UPSTREAM_MAP_CHECK, False, "upstream_map_pending"))
 
@@ -170,7 +170,7 @@ class UpstreamMaps:
             if task is None:
                 task = asyncio.create_task(self._load_map(digest), name=f"upstream-map-{digest}")
                 self._loading[digest] = task
-                task.add_done_callback(lambda _: self._loading.pop(digest, None))
+                task.add_done_callback(lambda done: self._settled(self._loading, digest, done))
             # One fetch for every request waiting on it; a request that leaves does not end it.
             decoder = await asyncio.shield(task)
         if digest != self.pinned:
@@ -186,7 +186,7 @@ class UpstreamMaps:
         if task is None:
             task = asyncio.create_task(self._load_dictionary(digest), name=f"zstd-dict-{digest}")
             self._fetching[digest] = task
-            task.add_done_callback(lambda _: self._fetching.pop(digest, None))
+            task.add_done_callback(lambda done: self._settled(self._fetching, digest, done))
         return await asyncio.shield(task)
 
     # --- at start, and until something is pinned ---------------------------------------------
@@ -228,6 +228,13 @@ class UpstreamMaps:
                 await task
 
     # --- internal ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _settled(loading: dict[str, Any], digest: str, task: asyncio.Task[Any]) -> None:
+        loading.pop(digest, None)
+        # Counted and logged where it was raised; its waiters may all have left meanwhile.
+        if not task.cancelled():
+            task.exception()
 
     def _unlisted(self, why: str) -> bool:
         if self.pinned is None:

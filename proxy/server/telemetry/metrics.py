@@ -252,8 +252,8 @@ class Metrics:
 
         # --- a Codec upstream, its frames rendered as JSON (docs/DEPLOY.md "Codec on the long
         # hop"); `upstream_bytes{mode="rendered"}` over `rendered_tokens` is the hop's cost ---
-        self.edge_requests = Counter(
-            "codec_proxy_edge_requests",
+        self.codec_upstream_requests = Counter(
+            "codec_proxy_codec_upstream_requests",
             "Generation requests to a model whose upstream speaks Codec, by model and what became "
             "of them: rendered (asked as Codec, rendered as JSON), relayed (not askable as Codec: "
             "n>1, logprobs, a Codec client's own request...), upstream_error (its error relayed), "

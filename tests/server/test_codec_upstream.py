@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,8 @@ from proxy.core.maps.discovery import map_path_by_digest
 from proxy.core.maps.tokenizer_map import PublishedMap
 from proxy.maps.publish import publish
 from proxy.server import create_app
-from proxy.server.control import edge as edge_module
+from proxy.server.control import codec_upstream
+from proxy.server.models import upstream_maps
 from proxy.server.models.upstream_maps import UpstreamMaps
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -220,7 +222,7 @@ def upstream_map_check(report: dict[str, Any]) -> dict[str, Any]:
 
 def offer(monkeypatch: pytest.MonkeyPatch, coding: str) -> None:
     """The edge offers only `coding` (what the inner picks among codings is its own)."""
-    monkeypatch.setattr(edge_module, "codec_accept_encoding", lambda *, zstd: coding)
+    monkeypatch.setattr(codec_upstream, "codec_accept_encoding", lambda *, zstd: coding)
 
 
 # --- rendered as the client asked -----------------------------------------------------------
@@ -254,7 +256,7 @@ async def test_streams_render_as_the_upstreams_json(
     assert headers["X-Request-Id"] == "req-7"
     assert not [h for h in headers if h.lower().startswith("codec-")]
     assert "Content-Encoding" not in headers
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="rendered") == 1  # fmt: skip
     # The upstream (the inner proxy) answered frames in the coding offered, dictionary zstd
     # included (the edge fetched the dictionary the answer named, checked by its hash).
@@ -384,7 +386,9 @@ async def test_the_openai_sdk_reads_the_rendered_stream(
     assert summary["calls"][0][1:] == ("get_weather", '{"city": "Paris"}')
     assert whole.choices[0].finish_reason == "tool_calls"
     assert whole.choices[0].message.tool_calls is not None
-    assert [c.function.name for c in whole.choices[0].message.tool_calls] == [
+    assert [
+        c.function.name for c in whole.choices[0].message.tool_calls if c.type == "function"
+    ] == [
         "get_weather",
         "get_time",
     ]
@@ -440,6 +444,31 @@ async def test_an_upstream_without_an_index_is_pinned_from_its_first_answer(
     assert upstream_map_check((await ready(edge))[1])["reason"] == "upstream_map_pinned"
 
 
+async def test_a_map_that_cannot_be_fetched_at_start_is_fetched_again(
+    proxy: ProxyClient,
+    middle: Middle,
+    make_edge: MakeEdge,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upstream_maps, "RETRY_SECONDS", 0.05)
+    path = map_path_by_digest(default_model(proxy).published.digest)
+    middle.documents[path] = Capture(503, "Unavailable", (), b"{}")
+    edge = await make_edge(middle.url)  # type: ignore[attr-defined]
+    status, report = await ready(edge)
+    assert status == 503
+    assert upstream_map_check(report) == {"ready": False, "reason": "upstream_map_pending"}
+    assert await metric(edge, "codec_proxy_upstream_maps_total", model="default",
+                        event="unavailable") >= 1  # fmt: skip
+    del middle.documents[path]
+    for _ in range(100):
+        if maps_of(edge).pinned is not None:
+            break
+        await asyncio.sleep(0.02)
+    status, report = await ready(edge)
+    assert status == 200
+    assert upstream_map_check(report)["reason"] == "upstream_map_pinned"
+
+
 async def test_a_tampered_map_is_never_rendered_with(
     proxy: ProxyClient, middle: Middle, make_edge: MakeEdge, upstream: FakeUpstream
 ) -> None:
@@ -465,7 +494,7 @@ async def test_a_tampered_map_is_never_rendered_with(
     assert headers["Content-Type"].startswith("text/event-stream")
     asked = [json.loads(r.body) for r in middle.generation_requests()]
     assert ["stream_format" in b for b in asked] == [False]  # not even asked: bad a moment ago
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="skipped") == 1  # fmt: skip
     assert maps_of(edge).pinned is None
 
@@ -486,7 +515,7 @@ async def test_an_answer_that_names_a_tampered_map_goes_again_as_json(
     asked = [json.loads(r.body) for r in middle.generation_requests()]
     assert ["stream_format" in b for b in asked] == [True, False]
     assert asked[1] == {"model": "smollm2", "prompt": "Emoji story:", "stream": True}
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="map_mismatch") == 1  # fmt: skip
     assert (await ready(edge))[0] == 503
 
@@ -517,7 +546,7 @@ async def test_an_answer_naming_another_map_is_rendered_with_that_map_once_verif
     assert maps.pinned == other.digest
     assert await metric(edge, "codec_proxy_upstream_maps_total", model="default",
                         event="drift") == 1  # fmt: skip
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="rendered") == 2  # fmt: skip
     assert (await ready(edge))[0] == 200
     # Both maps are served here by digest, for this proxy's own Codec clients.
@@ -537,7 +566,7 @@ async def test_an_answer_naming_no_map_goes_again_as_json(
     _, _, raw = await post(edge, *request_for("chat", stream=True))
     assert read_stream(raw)["text"] == capture.stream_text(chat=True)
     assert len(middle.generation_requests()) == 2
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="map_unavailable") == 1  # fmt: skip
 
 
@@ -552,14 +581,14 @@ async def test_an_upstream_that_answers_json_is_relayed_and_not_asked_again(
     middle.strip_stream_format = True
     edge = await make_edge(middle.url)  # type: ignore[attr-defined]
     for _ in range(2):
-        status, headers, raw = await post(edge, *request_for("completions", stream=True))
+        status, _, raw = await post(edge, *request_for("completions", stream=True))
         assert status == 200
         assert raw == capture.body  # the upstream's JSON, as it sent it
     asked = [json.loads(r.body) for r in middle.generation_requests()]
     assert ["stream_format" in b for b in asked] == [True, False]
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="answered_json") == 1  # fmt: skip
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="skipped") == 1  # fmt: skip
 
 
@@ -607,7 +636,7 @@ async def test_a_refusal_of_codec_is_asked_again_as_json(
     assert read_stream(raw)["text"] == capture.stream_text(chat=True)
     asked = [json.loads(r.body) for r in middle.generation_requests()]
     assert asked == [{**body, "stream_format": "protobuf"}, body]
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="refused") == 1  # fmt: skip
     # Remembered: the next request is not asked as Codec.
     await post(edge, path, body)
@@ -624,15 +653,13 @@ async def test_the_inner_proxys_own_rollout_refusal_is_followed(
     status, _, raw = await post(edge, *request_for("completions", stream=True))
     assert status == 200
     assert raw == capture.body
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="refused") == 1  # fmt: skip
     assert await metric(inner, "codec_proxy_codec_refused_total", model="default",
                         reason="codec_not_enabled") == 1  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name", ["llamacpp-error-bad-json.txt", "llamacpp-error-tools-500.txt"]
-)
+@pytest.mark.parametrize("name", ["llamacpp-error-bad-json.txt", "llamacpp-error-tools-500.txt"])
 async def test_an_upstream_error_before_the_stream_is_relayed(
     edge: ProxyClient, upstream: FakeUpstream, name: str
 ) -> None:
@@ -642,7 +669,7 @@ async def test_an_upstream_error_before_the_stream_is_relayed(
     assert status == capture.status
     assert raw == capture.body
     assert not [h for h in headers if h.lower().startswith("codec-")]
-    assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+    assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                         result="upstream_error") == 1  # fmt: skip
 
 
@@ -673,7 +700,7 @@ async def test_what_frames_cannot_carry_is_relayed_as_sent(
     # Byte for byte through both proxies to the backend.
     assert upstream.requests[-1].body == sent
     if path in GENERATION:
-        assert await metric(edge, "codec_proxy_edge_requests_total", model="default",
+        assert await metric(edge, "codec_proxy_codec_upstream_requests_total", model="default",
                             result="relayed") == 1  # fmt: skip
 
 
@@ -759,8 +786,8 @@ def test_a_codec_upstream_needs_no_tokenizer_and_takes_none() -> None:
     (model,) = settings.model_list()
     assert (model.tokenizer, model.upstream_protocol) == (None, "codec")
     with pytest.raises(ValueError, match="'tokenizer' is not used with upstream_protocol"):
-        replace(settings, tokenizer="/models/x.gguf")
+        replace(settings, tokenizer=Path("/models/x.gguf"))
     with pytest.raises(ValueError, match="'tokenizer' is required"):
         replace(settings, upstream_protocol="json")
     with pytest.raises(ValueError, match="'safety_policy' cannot police"):
-        replace(settings, safety_policy="/etc/policy.toml")
+        replace(settings, safety_policy=Path("/etc/policy.toml"))

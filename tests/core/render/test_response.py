@@ -10,7 +10,7 @@ import pytest
 
 from proxy.core.compression.decompressors import new_decompressor
 from proxy.core.render.ask import CodecAsk, codec_ask_for
-from proxy.core.render.edge import EdgeBody, backend_ids, envelope_for, renderer_for
+from proxy.core.render.response import RenderedResponseBody, backend_ids, envelope_for, renderer_for
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.wire.frames import Frame
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -31,14 +31,19 @@ def ask_of(endpoint: str, **fields: Any) -> CodecAsk:
     return ask
 
 
-def edge_body(decoder: MapDecoder, ask: CodecAsk, coding: str = "gzip") -> EdgeBody:
+def rendered_body(decoder: MapDecoder, ask: CodecAsk, coding: str = "gzip") -> RenderedResponseBody:
     renderer = renderer_for(
         ask, decoder, envelope=envelope_for(ask, "r1", 7), codec_token_source="backend"
     )
-    return EdgeBody(renderer, "protobuf", new_decompressor(coding))
+    return RenderedResponseBody(renderer, "protobuf", new_decompressor(coding))
 
 
-def fed(body: EdgeBody, data: bytes, step: int) -> list[bytes]:
+def is_ready(body: RenderedResponseBody) -> bool:
+    """`body.ready` as of now (a property a type checker would take for fixed)."""
+    return body.ready
+
+
+def fed(body: RenderedResponseBody, data: bytes, step: int) -> list[bytes]:
     out = [body.feed(data[i : i + step], 0.0) for i in range(0, len(data), step)]
     return [*out, body.flush(0.0)]
 
@@ -61,13 +66,13 @@ def test_a_stream_starts_with_its_first_bytes_and_reads_as_the_frames(
     smollm2_vocabulary: Vocabulary, smollm2_map: MapDecoder
 ) -> None:
     frames = frames_of(smollm2_vocabulary, TOOL_CALLS)
-    body = edge_body(smollm2_map, ask_of("chat", stream=True))
+    body = rendered_body(smollm2_map, ask_of("chat", stream=True))
     assert body.streamed
-    assert not body.ready
+    assert not is_ready(body)
     out = fed(body, wire(frames, "protobuf", "gzip"), 7)
     first = next(i for i, part in enumerate(out) if part)
     assert body.done
-    assert body.ready
+    assert is_ready(body)
     assert body.size == sum(map(len, out))
     assert body.tokens == sum(len(frame.ids) for frame in frames)
     assert body.status == 200
@@ -83,7 +88,7 @@ def test_a_whole_answer_is_ready_only_once_complete(
     smollm2_vocabulary: Vocabulary, smollm2_map: MapDecoder
 ) -> None:
     frames = frames_of(smollm2_vocabulary, TOOL_CALLS)
-    body = edge_body(smollm2_map, ask_of("chat"))
+    body = rendered_body(smollm2_map, ask_of("chat"))
     assert not body.streamed
     data = wire(frames, "protobuf", "gzip")
     out = []
@@ -104,11 +109,11 @@ def test_a_whole_answer_is_ready_only_once_complete(
 def test_a_whole_answer_that_fails_is_an_error_with_a_status_saying_so(
     smollm2_map: MapDecoder,
 ) -> None:
-    body = edge_body(smollm2_map, ask_of("completions"), coding="identity")
+    body = rendered_body(smollm2_map, ask_of("completions"), coding="identity")
     assert body.feed(wire([Frame((1, 2), False)], "protobuf", "identity"), 0.0) == b""
-    assert not body.ready
+    assert not is_ready(body)
     out = body.flush(0.0)  # cut before its terminal frame
-    assert body.ready
+    assert is_ready(body)
     assert body.done
     assert body.status == 502
     assert body.error is not None
@@ -116,7 +121,7 @@ def test_a_whole_answer_that_fails_is_an_error_with_a_status_saying_so(
 
 
 def test_a_stream_that_fails_ends_with_the_error_event(smollm2_map: MapDecoder) -> None:
-    body = edge_body(smollm2_map, ask_of("completions", stream=True), coding="identity")
+    body = rendered_body(smollm2_map, ask_of("completions", stream=True), coding="identity")
     body.feed(wire([Frame((1, 2), False)], "protobuf", "identity"), 0.0)
     ending = body.fail("upstream failed mid-stream: reset", 0.0)
     assert ending is not None
@@ -136,7 +141,7 @@ def test_usage_only_when_a_stream_asked_for_it(smollm2_map: MapDecoder) -> None:
     frames = [Frame((1, 2, 3), False), Frame((4,), True, "length")]
     for options, usage in (({"include_usage": True}, 4), ({}, None)):
         ask = ask_of("completions", stream=True, stream_options=options)
-        body = edge_body(smollm2_map, ask, coding="identity")
+        body = rendered_body(smollm2_map, ask, coding="identity")
         out = b"".join(fed(body, wire(frames, "protobuf", "identity"), 64))
         chunks = [json.loads(e[6:]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
         found = [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")]

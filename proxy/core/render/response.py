@@ -2,10 +2,10 @@
 
 codec-proxy in front of a Codec server (`upstream_protocol = "codec"`, docs/DEPLOY.md "Codec on
 the long hop") asks the upstream for frames and answers its own clients in OpenAI JSON: the
-SSE chunks of a streamed request, or the whole body of one that is not. `EdgeBody` is that
-answer as a `ResponseBody` (proxy/core/bodies.py: `feed` each upstream read, `flush` at the
-end, `fail` when the upstream breaks), over the renderer's `RenderedBody` (body.py), so the
-data plane streams it as it streams every other kind.
+SSE chunks of a streamed request, or the whole body of one that is not.
+`RenderedResponseBody` is that answer as a `ResponseBody` (proxy/core/bodies.py: `feed` each
+upstream read, `flush` at the end, `fail` when the upstream breaks), over the renderer's
+`RenderedBody` (body.py), so the data plane streams it as it streams every other kind.
 
 * Streamed: the response starts with the first bytes rendered (a chat's role chunk comes with
   the first read). A failure after that is the renderer's: OpenAI's error event, then `[DONE]`.
@@ -24,7 +24,7 @@ from proxy.core.render.openai import CompletionRenderer, Envelope, SseRenderer
 from proxy.core.render.turn import TextRules
 from proxy.core.verify.map_decoder import MapDecoder
 
-__all__ = ["EdgeBody", "backend_ids", "envelope_for", "renderer_for"]
+__all__ = ["RenderedResponseBody", "backend_ids", "envelope_for", "renderer_for"]
 
 # What a JSON client's answer says of itself. No `Codec-*` header: the client never asked for
 # Codec, and the frames it was made from are this proxy's business. A stream must be neither
@@ -46,7 +46,7 @@ def envelope_for(ask: CodecAsk, request_id: str, created: int) -> Envelope:
     return Envelope(ask.endpoint, f"{prefix}-{request_id}", created, ask.model)
 
 
-class EdgeBody:
+class RenderedResponseBody:
     """One Codec answer rendered as JSON: a `ResponseBody`."""
 
     __slots__ = ("_body", "_renderer", "_streamed", "size")

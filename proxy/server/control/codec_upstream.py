@@ -9,7 +9,7 @@ Codec (docs/DEPLOY.md "Codec on the long hop"). What becomes of each request:
   same body with `stream_format` and `stream: true`, `Codec-Client-Version`, and an
   `Accept-Encoding` of what this proxy decodes (`zstd` only once it holds the dictionary the
   upstream's map lists for the format). The answer is rendered as the client asked: SSE chunks,
-  or the whole answer (proxy/core/render/edge.py).
+  or the whole answer (proxy/core/render/response.py).
 * Anything else (n > 1, logprobs, a batch, `stream_format: "json"`, every other route) is relayed
   as it is, and so is a Codec client's own request (Path A with a binary `stream_format`, Path
   B), after this proxy's own rollout switches and version gate: the upstream answers it itself.
@@ -24,7 +24,7 @@ Codec (docs/DEPLOY.md "Codec on the long hop"). What becomes of each request:
   it is closed and the request asked again as JSON (proxy/server/models/upstream_maps.py says
   what `/readyz` shows then).
 
-Each outcome is counted in `codec_proxy_edge_requests_total{model, result}`.
+Each outcome is counted in `codec_proxy_codec_upstream_requests_total{model, result}`.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ from proxy.core.render.ask import (
 )
 from proxy.core.render.assets import CodecIntegrityError, dictionary_digest
 from proxy.core.render.body import FrameFormat, response_stream_format
-from proxy.core.render.edge import (
+from proxy.core.render.response import (
     STREAM_HEADERS,
     WHOLE_HEADERS,
-    EdgeBody,
+    RenderedResponseBody,
     envelope_for,
     renderer_for,
 )
@@ -107,7 +107,7 @@ async def relay_codec_request(
         return await relay_response(request, context, exchange)
 
 
-async def serve_edge(
+async def serve_from_codec(
     request: web.Request, endpoint: Endpoint, fields: Mapping[str, Any], repeat: Repeat
 ) -> web.StreamResponse:
     """A JSON generation request (`fields`, the body as it goes upstream) for a model whose
@@ -217,7 +217,7 @@ async def _rendered(
     record.stream_format = fmt
     record.encoding = coding
     envelope = envelope_for(ask, record.forwarded_id, int(time.time()))
-    body = EdgeBody(
+    body = RenderedResponseBody(
         renderer_for(
             ask,
             decoder,
@@ -263,4 +263,4 @@ def _answer(exchange: Exchange, body: bytes) -> web.Response:
 
 
 def _count(request: web.Request, model: ServedModel, result: str) -> None:
-    request.app[METRICS].edge_requests.labels(model.name, result).inc()
+    request.app[METRICS].codec_upstream_requests.labels(model.name, result).inc()
