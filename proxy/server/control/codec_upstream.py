@@ -38,6 +38,7 @@ from aiohttp import web
 
 from proxy.core.compression.decompressors import DecompressionError, new_decompressor
 from proxy.core.endpoints import Endpoint
+from proxy.core.errors import UpstreamProtocolError
 from proxy.core.http.content_coding import ZSTD, codec_accept_encoding
 from proxy.core.maps.tokenizer_map import digest_of_header
 from proxy.core.render.ask import (
@@ -163,7 +164,12 @@ async def serve_from_codec(
             if ask.streamed:
                 return await relay_response(request, context, exchange)
         elif head.status in _REFUSALS:
-            body, _ = await exchange.read_all(_ERROR_BODY_LIMIT)
+            body, whole = await exchange.read_all(_ERROR_BODY_LIMIT)
+            if not whole:
+                # It cannot be relayed whole any more, nor read for the refusal it may be.
+                raise UpstreamProtocolError(
+                    f"the upstream's {head.status} error body is over {_ERROR_BODY_LIMIT} bytes"
+                )
             lowered = {name.lower(): value for name, value in head.headers.items()}
             fallback = fallback_for(head.status, lowered, body)
             if fallback is None:
