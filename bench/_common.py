@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -272,9 +272,16 @@ def cleanup_on_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def spawn(name: str, args: Sequence[str], log: Path, *, program: Path | None = None) -> Child:
+def spawn(
+    name: str,
+    args: Sequence[str],
+    log: Path,
+    *,
+    program: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Child:
     """`python <args>` (or `<program> <args>`) from the repo root, output to `log`, in its own
-    session."""
+    session; `env`: variables set besides this process's."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -283,6 +290,7 @@ def spawn(name: str, args: Sequence[str], log: Path, *, program: Path | None = N
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=None if env is None else {**os.environ, **env},
         )
     child = Child(name, proc, log)
     register_cleanup(child.stop)

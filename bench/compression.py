@@ -25,10 +25,11 @@ Part 2, `live`: the real proxy (a `codec-proxy serve` child process) in front of
 upstream that replays natural 2048-token streams at 50 tokens/s, each format and coding in
 turn (a Codec client insisting on it with `identity;q=0`), with the default policy and with
 per-frame flushing; at the default policy also clients offering `gzip, deflate, br, zstd`, with
-and without `Codec-Client-Version`, to see what the negotiation gives them. A client
-decompresses as bytes arrive (the zstd dictionary picked by codecai's
-`select_zstd_dict_for_response`) and records when each token becomes decodable; latency is
-measured from the moment the upstream wrote the delta that produced the token.
+and without `Codec-Client-Version`, to see what the negotiation gives them, and a JSON client
+offering the same (`json_compression` on). A client decompresses as bytes arrive (the zstd
+dictionary picked by codecai's `select_zstd_dict_for_response`) and records when each token
+becomes decodable (a JSON client: each event); latency is measured from the moment the
+upstream wrote the delta that produced the token.
 
 Part 3, `levels`: encoder effort (gzip level, brotli quality, zstd level) at the default
 policy, natural text, 2048 tokens.
@@ -41,6 +42,13 @@ The coding table: bytes/token of every coding for every format the proxy sends, 
     python bench/compression.py --coding-table print   # the module's text, and what a client
     python bench/compression.py --coding-table write   # offering everything gets; write it
     python bench/compression.py --offer-everything     # live: what such clients get, measured
+
+JSON against Codec: bytes/token of the same natural streams as vLLM's JSON-SSE chunks (the
+upstream's bytes, and compressed as `json_compression` sends them, through the proxy's own
+`CompressedEventsBody`) and as Codec msgpack and protobuf frames, identity and compressed,
+every event or frame flushed, at the default schedule, and whole:
+
+    python bench/compression.py --versus-json          # seconds; also in every full run
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from proxy import assets  # noqa: E402
+from proxy.core.bodies import CompressedEventsBody, RelayedBody  # noqa: E402
 from proxy.core.compression.body_writer import flush_config_for  # noqa: E402
 from proxy.core.compression.compressors import (  # noqa: E402
     BrotliCompressor,
@@ -82,20 +91,23 @@ from proxy.core.compression.compressors import (  # noqa: E402
     StreamCompressor,
     ZstdCompressor,
     new_compressor,
+    plain_compressor,
 )
 from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries  # noqa: E402
+from proxy.core.compression.event_writer import EventWriter  # noqa: E402
 from proxy.core.compression.flush import FlushConfig, FlushPolicy, merge_frames  # noqa: E402
 from proxy.core.http.content_coding import (  # noqa: E402
     CodingCurve,
     ContentCoding,
     negotiate_coding,
+    negotiate_json_coding,
 )
 from proxy.core.http.versioning import parse_client_version  # noqa: E402
 from proxy.core.stream.chunks import parse_completion_chunk  # noqa: E402
 from proxy.core.stream.retokenizer import RetokenizerScheme  # noqa: E402
 from proxy.core.stream.transcode import CodecTranscoder  # noqa: E402
 from proxy.core.wire.decoder import FrameDecoder  # noqa: E402
-from proxy.core.wire.formats import SENT_AS  # noqa: E402
+from proxy.core.wire.formats import JSON, SENT_AS  # noqa: E402
 from proxy.core.wire.frames import Frame, FrameEncoder, encoder_for  # noqa: E402
 from proxy.dictionaries.load import load_dictionaries  # noqa: E402
 from proxy.embedded import EmbeddedBackend, free_port  # noqa: E402
@@ -111,12 +123,15 @@ FORMATS = ("msgpack", "protobuf")
 CODINGS: tuple[ContentCoding, ...] = ("identity", "gzip", "br", "zstd")
 RATE = 50.0  # tokens/s for the natural corpus
 TABLE_MODULE = REPO / "proxy" / "core" / "http" / "coding_sizes.py"
-# Every format the proxy sends (protobuf-delta is sent as protobuf), for the coding table.
+# Every format the proxy sends (protobuf-delta is sent as protobuf), for the coding table;
+# and JSON-SSE as the proxy relays it (`json_compression`), its zstd without a dictionary.
 TABLE_FORMATS: tuple[str, ...] = tuple(dict.fromkeys(SENT_AS.values()))
 TABLE_LENGTH = 2048
 TABLE_STREAMS = 3
 # httpx's default when brotli and zstandard are installed (interop.md §1.3).
 OFFER_EVERYTHING = "gzip, deflate, br, zstd"
+# httpx's default without them: what the OpenAI SDK sends on a plain install.
+OPENAI_SDK_OFFER = "gzip, deflate"
 DEFAULTS = Settings(upstream=("http://unused",), tokenizer=Path())  # for its defaults
 LLAMA_PROMPTS = (
     "Write a long story about a lighthouse keeper and a storm.",
@@ -137,13 +152,56 @@ class Trace:
     events: tuple[tuple[float, bytes], ...]
 
 
+# vLLM's chunks, key for key (tests/fixtures/upstream/vllm-*.txt): what JSON clients of the
+# most common backend receive, one token per event. The id and timestamp are one stream's.
+_VLLM_ID = "826f5e977a72f916"
+_VLLM_CREATED = 1795977989
+
+
 def _sse(text: str, finish: str | None) -> bytes:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_token_ids": None,
+        "token_ids": None,
+    }
     chunk = {
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+        "id": f"cmpl-{_VLLM_ID}",
         "object": "text_completion",
+        "created": _VLLM_CREATED,
         "model": "smollm2",
+        "choices": [choice],
     }
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _chat_sse(delta: dict[str, str], finish: str | None) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    chunk = {
+        "id": f"chatcmpl-{_VLLM_ID}",
+        "object": "chat.completion.chunk",
+        "created": _VLLM_CREATED,
+        "model": "smollm2",
+        "choices": [{**choice, "token_ids": None}],
+    }
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def as_chat(trace: Trace) -> Trace:
+    """The same stream as vLLM's chat endpoint sends it: a role chunk first, then the deltas."""
+    events = [(0.0, _chat_sse({"role": "assistant", "content": ""}, None))]
+    for at, event in trace.events:
+        if event.startswith(b"data: [DONE]"):
+            events.append((at, event))
+            continue
+        head, _, done = event.partition(b"\n\ndata: [DONE]")
+        choice = orjson.loads(head.removeprefix(b"data: "))["choices"][0]
+        chat = _chat_sse({"content": choice["text"]}, choice["finish_reason"])
+        events.append((at, chat + (b"data: [DONE]\n\n" if done else b"")))
+    return Trace(trace.corpus, trace.length, tuple(events))
 
 
 def natural_traces(tokenizer: LoadedTokenizer, lengths: Sequence[int], streams: int) -> list[Trace]:
@@ -329,6 +387,38 @@ def compressor_factory(
     return lambda: new_compressor(coding, dictionary)
 
 
+def simulate_json(
+    trace: Trace, coding: ContentCoding, interval: float | str, *, max_frames: int
+) -> tuple[int, int]:
+    """(bytes, CPU ns): one JSON-SSE stream as the proxy sends it with `json_compression` on,
+    through its own body (`CompressedEventsBody`) driven as the edge drives it: each event fed
+    at its time, `on_deadline` when the deadline passes before the next. Identity is the
+    upstream's bytes; "whole" buffers the stream and compresses it once, as a reference."""
+    if coding == "identity":
+        return sum(len(event) for _, event in trace.events), 0
+    compressor = plain_compressor(coding)
+    cpu0 = time.thread_time_ns()
+    if interval == WHOLE:
+        data = b"".join([compressor.feed(event) for _, event in trace.events])
+        return len(data + compressor.flush()), time.thread_time_ns() - cpu0
+    writer = EventWriter(compressor, FlushConfig(float(interval), max_frames))
+    body = CompressedEventsBody(RelayedBody(), writer, max_held=DEFAULTS.max_event_bytes)
+    sent = 0
+    for at, event in trace.events:
+        deadline = body.deadline()
+        if deadline is not None and deadline <= at:
+            sent += len(body.on_deadline(deadline))
+        sent += len(body.feed(event, at))
+    sent += len(body.flush(trace.events[-1][0]))
+    return sent, time.thread_time_ns() - cpu0
+
+
+def stream_tokens(trace: Trace, scheme: RetokenizerScheme) -> int:
+    """The tokens of a stream, counted as its Codec frames count them: every table divides by
+    the same number."""
+    return sum(len(frame.ids) for read in transcode(trace, scheme) for frame in read.frames)
+
+
 def run_simulations(
     traces: Sequence[Trace],
     scheme: RetokenizerScheme,
@@ -452,7 +542,86 @@ def measure_coding_table(
                         into=sim,
                     )
                 row[coding] = (*row.get(coding, ()), round(sim.bytes / sim.tokens, 2))
+    tokens = sum(stream_tokens(trace, scheme) for trace in traces)
+    json_row = table.setdefault(JSON, {})
+    for coding in CODINGS:
+        for interval in INTERVALS:
+            sent = sum(
+                simulate_json(trace, coding, interval, max_frames=max_frames)[0] for trace in traces
+            )
+            json_row[coding] = (*json_row.get(coding, ()), round(sent / tokens, 2))
     return table
+
+
+# The comparison's columns: every event or frame flushed, the default schedule, whole streams.
+VERSUS_POLICIES: tuple[float | str, ...] = (0.0, DEFAULTS.flush_interval_ms, WHOLE)
+
+
+def versus_json(
+    traces: Sequence[Trace],
+    scheme: RetokenizerScheme,
+    dictionaries: ZstdDictionaries,
+    max_frames: int,
+) -> list[dict[str, Any]]:
+    """bytes/token of every way the proxy can send the same streams: JSON-SSE (vLLM's
+    completions and chat chunks) as relayed and as `json_compression` sends it, and Codec
+    msgpack and protobuf, identity and compressed. Each as the proxy sends it: identity event
+    by event or frame by frame whatever the schedule, compressed codings on the schedule."""
+    tokens = sum(stream_tokens(trace, scheme) for trace in traces)
+    rows: list[dict[str, Any]] = []
+    # Every row is over the same streams.
+    over = {"length": traces[0].length, "streams": len(traces)}
+    shapes = (("JSON completions", list(traces)), ("JSON chat", [as_chat(t) for t in traces]))
+    for name, shaped in shapes:
+        for coding in CODINGS:
+            cells = {}
+            for policy in VERSUS_POLICIES:
+                sent = sum(
+                    simulate_json(trace, coding, policy, max_frames=max_frames)[0]
+                    for trace in shaped
+                )
+                cells[_policy_name(policy)] = round(sent / tokens, 2)
+            rows.append({"stream": name, "coding": coding, "bytes_per_token": cells, **over})
+    streams = [transcode(trace, scheme) for trace in traces]
+    for fmt in FORMATS:
+        dictionary = dictionaries.for_format(fmt)
+        for coding in CODINGS:
+            if coding == "zstd" and dictionary is None:
+                continue
+            cells = {}
+            for policy in VERSUS_POLICIES:
+                interval = 0.0 if policy == WHOLE else float(policy)
+                config = flush_config_for(coding, FlushConfig(interval, max_frames, merge=True))
+                whole = policy == WHOLE and coding != "identity"
+                sim = Sim()
+                for reads in streams:
+                    simulate(
+                        reads,
+                        encoder_for(fmt),
+                        new_compressor(coding, dictionary),
+                        WHOLE if whole else config.interval_ms,
+                        max_frames=config.max_frames,
+                        merge=config.merge,
+                        into=sim,
+                    )
+                cells[_policy_name(policy)] = round(sim.bytes / sim.tokens, 2)
+            name = "dict-zstd" if coding == "zstd" else coding
+            rows.append(
+                {"stream": f"Codec {fmt}", "coding": name, "bytes_per_token": cells, **over}
+            )
+    return rows
+
+
+def render_versus_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    names = [_policy_name(policy) for policy in VERSUS_POLICIES]
+    out = [
+        "| stream | coding | " + " | ".join(names) + " |",
+        "|---|---|" + "---:|" * len(names),
+    ]
+    for row in rows:
+        cells = " | ".join(f"{row['bytes_per_token'][n]:.2f}" for n in names)
+        out.append(f"| {row['stream']} | {row['coding']} | {cells} |")
+    return out
 
 
 def render_coding_table(table: CodingTable, *, streams: int, date: str) -> str:
@@ -483,7 +652,9 @@ def render_coding_table(table: CodingTable, *, streams: int, date: str) -> str:
         f"MEASURED_TOKENS_PER_SECOND: Final = {RATE!r}",
         f"FLUSH_INTERVALS_MS: Final[tuple[float, ...]] = ({intervals})",
         "# BYTES_PER_TOKEN[format][coding][i] was measured at FLUSH_INTERVALS_MS[i]. zstd only for",
-        "# the formats a dictionary exists for: the proxy never sends it for the others.",
+        "# the formats a dictionary exists for: the proxy never sends it for the others. `json`:",
+        "# vLLM's JSON-SSE chunks as the proxy relays them (`json_compression`), one token per",
+        "# event, zstd without a dictionary, identity as the upstream sent it.",
         "BYTES_PER_TOKEN: Final[Mapping[str, Mapping[str, tuple[float, ...]]]] = {",
     ]
     for fmt, row in table.items():
@@ -516,6 +687,12 @@ def offer_everything_figures(table: CodingTable, dictionaries: ZstdDictionaries)
                 f"{DEFAULTS.flush_interval_ms:g} ms: {coding:8} "
                 f"{curve.at(fmt, coding, window):.2f} B/token"
             )
+    for offer in (OFFER_EVERYTHING, OPENAI_SDK_OFFER):
+        coding = negotiate_json_coding(offer, window_ms=window, curve=curve)
+        out.append(
+            f"{JSON:13} {'any':9} offering {offer!r} at {DEFAULTS.flush_interval_ms:g} ms: "
+            f"{coding:8} {curve.at(JSON, coding, window):.2f} B/token"
+        )
     return out
 
 
@@ -561,7 +738,8 @@ class Decompressor:
         elif coding == "br":
             self.feed = brotli.Decompressor().process
         elif coding == "zstd":
-            zdict = zstandard.ZstdCompressionDict(dictionary or b"")
+            # Without a dictionary: plain zstd, a JSON response.
+            zdict = None if dictionary is None else zstandard.ZstdCompressionDict(dictionary)
             self.feed = zstandard.ZstdDecompressor(dict_data=zdict).decompressobj().decompress
         else:
             self.feed = bytes
@@ -588,11 +766,15 @@ def forced(fmt: str, coding: str) -> LiveJob:
 
 
 def offering_everything(streams: int) -> list[LiveJob]:
-    """httpx's default offer, from a generic client and from a Codec client, every format."""
+    """httpx's default offer, from a generic client and from a Codec client, every format;
+    and from a JSON client (`json_compression` on)."""
     return [
-        LiveJob(fmt, OFFER_EVERYTHING, codec_client, streams)
-        for fmt in FORMATS
-        for codec_client in (False, True)
+        *(
+            LiveJob(fmt, OFFER_EVERYTHING, codec_client, streams)
+            for fmt in FORMATS
+            for codec_client in (False, True)
+        ),
+        LiveJob(JSON, OFFER_EVERYTHING, codec_client=False, streams=streams),
     ]
 
 
@@ -606,7 +788,9 @@ class LiveResult:
 async def _client_stream(
     base: str, index: int, job: LiveJob, loaded: dict[str, bytes]
 ) -> LiveResult:
-    body = {"prompt": str(index), "max_tokens": 4096, "stream_format": job.fmt}
+    body: dict[str, Any] = {"prompt": str(index), "max_tokens": 4096, "stream_format": job.fmt}
+    if job.fmt == JSON:
+        body = {"prompt": str(index), "max_tokens": 4096, "stream": True}
     times: list[float] = []
     wire = 0
     headers = {"Accept-Encoding": job.accept_encoding}
@@ -621,6 +805,16 @@ async def _client_stream(
                 dict(resp.headers), loaded_dicts=loaded if job.codec_client else {}
             )
             decompress = Decompressor(coding, dictionary)
+            if job.fmt == JSON:
+                # One time per event: each carries one token's text.
+                pending = b""
+                async for chunk in resp.content.iter_any():
+                    wire += len(chunk)
+                    pending += decompress.feed(chunk)
+                    *events, pending = pending.split(b"\n\n")
+                    now = time.perf_counter()
+                    times.extend(now for _ in events)
+                return LiveResult(times, wire, coding)
             decoder = FrameDecoder(job.fmt)  # type: ignore[arg-type]
             async for chunk in resp.content.iter_any():
                 wire += len(chunk)
@@ -671,6 +865,9 @@ async def run_live(
             str(proxy_port),
             "--flush-interval-ms",
             str(interval),
+            # For the JSON clients; Codec streams are not affected by it.
+            "--json-compression",
+            "on",
             "--log-level",
             "WARNING",
             stdout=subprocess.DEVNULL,
@@ -697,13 +894,19 @@ async def run_live(
                 if of is not job:
                     continue
                 trace = replay.traces[index]
-                owners = _producing_read(transcode(trace, scheme), trace)
+                if of.fmt == JSON:
+                    # Event k was written k-th; the last write holds the final event and [DONE].
+                    last = len(trace.events) - 1
+                    owners = [min(k, last) for k in range(len(result.times))]
+                    tokens += stream_tokens(trace, scheme)
+                else:
+                    owners = _producing_read(transcode(trace, scheme), trace)
+                    tokens += len(result.times)
                 sent = replay.sent[index]
                 mine = [(t - sent[o]) * 1000 for t, o in zip(result.times, owners, strict=False)]
                 latencies += mine
                 firsts.append(mine[0])
                 wire += result.wire
-                tokens += len(result.times)
                 codings.add(result.coding)
             rows.append(
                 {
@@ -934,6 +1137,9 @@ def render_markdown(document: dict[str, Any]) -> str:
     if document.get("coding_table"):
         out += ["", _CODING_TABLE_TITLE, ""]
         out += render_coding_table_markdown(document["coding_table"])
+    if document.get("versus_json"):
+        out += ["", _versus_title(document["versus_json"]), ""]
+        out += render_versus_markdown(document["versus_json"])
     if document["live"]:
         out += ["", "**Live, through the real proxy** (natural text, 50 tokens/s)", ""]
         out += render_live_markdown(document["live"])
@@ -944,6 +1150,14 @@ _CODING_TABLE_TITLE = (
     f"**The coding table** (proxy/core/http/coding_sizes.py): natural, {TABLE_LENGTH} tokens, "
     "merged frames, identity frame by frame; bytes/token"
 )
+
+
+def _versus_title(rows: Sequence[dict[str, Any]]) -> str:
+    length, streams = rows[0]["length"], rows[0]["streams"]
+    return (
+        f"**JSON against Codec** (natural, {length} tokens x{streams}, {RATE:g} tokens/s, each "
+        "as the proxy sends it): bytes/token"
+    )
 
 
 def render_coding_table_markdown(table: CodingTable) -> list[str]:
@@ -991,6 +1205,11 @@ def main() -> None:
         action="store_true",
         help=f"only the live runs of clients offering {OFFER_EVERYTHING!r} at the defaults",
     )
+    parser.add_argument(
+        "--versus-json",
+        action="store_true",
+        help="only the table of JSON (identity, compressed) against Codec, in seconds",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     lengths = (32, 256) if args.quick else (32, 256, 2048)
@@ -1000,6 +1219,11 @@ def main() -> None:
     scheme = RetokenizerScheme.from_tokenizer(tokenizer.tokenizer, tokenizer.encoder)
     dictionaries = load_dictionaries(DEFAULT_DICTIONARIES_MANIFEST)
     max_frames = DEFAULTS.flush_frames
+    if args.versus_json:
+        table_traces = natural_traces(tokenizer, (TABLE_LENGTH,), TABLE_STREAMS)
+        rows = versus_json(table_traces, scheme, dictionaries, max_frames)
+        print("\n".join([_versus_title(rows), "", *render_versus_markdown(rows)]))
+        return
     if args.coding_table or args.offer_everything:
         table_traces = natural_traces(tokenizer, (TABLE_LENGTH,), TABLE_STREAMS)
         if args.coding_table:
@@ -1019,6 +1243,7 @@ def main() -> None:
     level_streams = [transcode(t, scheme) for t in longest_natural]
     levels = run_levels(level_streams, dictionaries, DEFAULTS.flush_interval_ms, max_frames)
     coding_table = measure_coding_table(longest_natural, scheme, dictionaries, max_frames)
+    versus = versus_json(longest_natural, scheme, dictionaries, max_frames)
     live: list[dict[str, Any]] = []
     if not args.no_live:
         print("live", flush=True)
@@ -1047,6 +1272,7 @@ def main() -> None:
         "simulated": simulated,
         "levels": levels,
         "coding_table": coding_table,
+        "versus_json": versus,
         "live": live,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

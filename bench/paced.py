@@ -26,7 +26,10 @@ nginx), `passthrough` (JSON through the proxy), `backend-ids` (Codec msgpack, th
 upstream reported), `retokenized` (Codec msgpack from a proxy started with
 `--token-ids retokenize`), `gzip` (`backend-ids` with `Accept-Encoding: gzip`), `verify-1pct`
 and `verify-all` (`backend-ids` with `--verify-sample-rate 0.01` and `1`; the other proxy
-scenarios run with verification off, so the three differ only in it).
+scenarios run with verification off, so the three differ only in it), `traced` (`backend-ids`
+exporting OpenTelemetry traces of every request, `OTEL_TRACES_SAMPLER=always_on`, batched every
+second, to bench/otlp_sink.py in its own process, which counts the spans it gets and keeps
+nothing).
 
 The text is natural: dictionaries/corpus/smollm2-generated.txt, prose written by the bundled
 SmolLM2-135M-Instruct (Apache-2.0), cut into streams of `--tokens` tokens by the same model's
@@ -137,6 +140,8 @@ class Scenario:
     verify: float = 0.0
     # The proxy's event_loop: its default (uvloop where installed), or asyncio's own.
     event_loop: Literal["auto", "asyncio"] = "auto"
+    # Every request's spans exported to an OTLP sink (two per request: server and upstream).
+    traced: bool = False
 
 
 _PROXY_SCENARIOS = (
@@ -156,6 +161,8 @@ SCENARIOS = {
         # The cost of continuous verification (docs/ROLLOUT.md): the default share, and all.
         Scenario("verify-1pct", "proxy", "msgpack", token_source="backend", verify=0.01),
         Scenario("verify-all", "proxy", "msgpack", token_source="backend", verify=1.0),
+        # The cost of tracing (docs/DEPLOY.md "Traces"): every request sampled.
+        Scenario("traced", "proxy", "msgpack", token_source="backend", traced=True),
     )
 }
 
@@ -281,7 +288,12 @@ def start_nginx(binary: str, upstream_port: int, level: int) -> tuple[Child, int
 
 
 def start_proxy(
-    upstream_port: int, gguf: Path, token_ids: str, verify: float = 0.0, event_loop: str = "auto"
+    upstream_port: int,
+    gguf: Path,
+    token_ids: str,
+    verify: float = 0.0,
+    event_loop: str = "auto",
+    otlp_port: int | None = None,
 ) -> tuple[Child, int]:
     port = free_port()
     args = [
@@ -296,9 +308,32 @@ def start_proxy(
         "--verify-sample-rate", str(verify),
         "--event-loop", event_loop,
     ]  # fmt: skip
-    child = spawn("proxy", args, bench_cache_dir() / f"paced-proxy-{token_ids}.log")
+    env = None
+    if otlp_port is not None:
+        args += ["--otlp-traces-endpoint", f"http://127.0.0.1:{otlp_port}"]
+        # Batches every second rather than every 5 s (the default): the window, which waits
+        # for the wave's spans, then closes before idle upstream connections expire (4 s), as
+        # the other scenarios' do. A POST costs the same whatever it holds, so this errs high.
+        env = {"OTEL_TRACES_SAMPLER": "always_on", "OTEL_BSP_SCHEDULE_DELAY": "1000"}
+    child = spawn("proxy", args, bench_cache_dir() / f"paced-proxy-{token_ids}.log", env=env)
     wait_http_ok(child, f"http://127.0.0.1:{port}/readyz", timeout=120)
     return child, port
+
+
+def start_sink() -> tuple[Child, int]:
+    port = free_port()
+    child = spawn(
+        "otlp sink", ["-m", "bench.otlp_sink", "--port", str(port)],
+        bench_cache_dir() / "paced-otlp-sink.log",
+    )  # fmt: skip
+    wait_http_ok(child, f"http://127.0.0.1:{port}/health", timeout=30)
+    return child, port
+
+
+def sink_counts(port: int) -> dict[str, int]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=10) as response:
+        counts: dict[str, int] = json.loads(response.read())
+    return counts
 
 
 def start_profiler(
@@ -687,13 +722,14 @@ def fetch_sent(upstream_port: int, prefix: str) -> dict[str, dict[str, list[int]
 async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str, Any]:
     args = setup.args
     relay: Child | None = None
+    sink, sink_port = start_sink() if scenario.traced else (None, None)
     if scenario.relay == "nginx":
         assert setup.nginx is not None
         relay, port = start_nginx(setup.nginx, setup.upstream_port, level)
     elif scenario.relay in ("proxy", "proxy-retokenize"):
         mode = "retokenize" if scenario.relay == "proxy-retokenize" else "auto"
         relay, port = start_proxy(
-            setup.upstream_port, setup.gguf, mode, scenario.verify, scenario.event_loop
+            setup.upstream_port, setup.gguf, mode, scenario.verify, scenario.event_loop, sink_port
         )
     else:
         port = setup.upstream_port
@@ -702,9 +738,14 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
         # One request, then the baseline; then a warm-up wave (two tokens per stream, 100 ms
         # apart, all at once) that leaves every pool holding a connection per stream.
         warm = await wave(port, [request_bytes(scenario, port, 0, 2, 1, None)], 0, timeout)
+        if sink_port is not None:
+            # A first export sets up the exporter's HTTP session: part of the baseline.
+            await asyncio.to_thread(wait_exported, sink_port, 2)
         baseline_rss = tree_rss(relay.pid) if relay is not None else 0
         warmup = [request_bytes(scenario, port, i, 2, 100, None) for i in range(level)]
         warm += await wave(port, warmup, 0, timeout)
+        if sink_port is not None:
+            await asyncio.to_thread(wait_exported, sink_port, 2 * (1 + level))
         warm_failed = [f.error or f"status {f.status}" for f in warm if f.error or f.status != 200]
 
         prefix = f"{setup.run_tag}/{level}/{scenario.key}/"
@@ -726,6 +767,10 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
         profiler = start_profiler(args.profile, relay, scenario, level)
         before = clocks(relay, setup.upstream)
         fetched = await wave(port, requests, args.ramp_ms / 1000, timeout)
+        if sink_port is not None:
+            # Spans are encoded and sent by the proxy's batch thread on its schedule: the
+            # window ends once every one of the wave's is in, so their CPU counts.
+            await asyncio.to_thread(wait_exported, sink_port, spans_of(level))
         after = clocks(relay, setup.upstream)
         sampling = False
         await sampler
@@ -736,7 +781,11 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
             peak_rss = max(peak_rss, tree_rss(relay.pid))
     finally:
         if relay is not None:
-            relay.stop()
+            relay.stop()  # a traced proxy exports what it holds as it stops
+        spans = None
+        if sink is not None and sink_port is not None:
+            spans = sink_counts(sink_port)["spans"]
+            sink.stop()
     sent = fetch_sent(setup.upstream_port, prefix)
     checked = [
         check(scenario, setup.texts[f.index % len(setup.texts)], f, args.tokens,
@@ -746,7 +795,22 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
     window = {key: after[key] - before[key] for key in before}
     measured = window["relay_cpu"] + window["upstream_cpu"] + window["client_cpu"]
     window["others_cpu"] = max(0.0, window.pop("busy") - measured)
-    return summarize(scenario, level, checked, window, baseline_rss, peak_rss, warm_failed)
+    result = summarize(scenario, level, checked, window, baseline_rss, peak_rss, warm_failed)
+    result["spans_exported"] = spans
+    result["spans_expected"] = None if spans is None else spans_of(level)
+    return result
+
+
+def spans_of(level: int) -> int:
+    """A traced run's spans: two per request (the proxy's, its upstream attempt's), for the
+    first request, the warm-up wave and the measured one."""
+    return 2 * (1 + 2 * level)
+
+
+def wait_exported(port: int, spans: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while sink_counts(port)["spans"] < spans and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def clocks(relay: Child | None, upstream: Child) -> dict[str, float]:
@@ -1003,16 +1067,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     duration = time.monotonic() - started
     add_ratios(results)
     print_report(results)
-    failed = [
-        f"{r['level']} streams, {r['scenario']}: {r['failed_streams']} failed streams, "
-        f"{r['lost_tokens']} lost / {r['duplicated_tokens']} extra tokens {r['problems'][:2]}"
-        for r in results
-        if r["failed_streams"] or r["lost_tokens"] or r["duplicated_tokens"]
-    ] + [
-        f"{r['level']} streams, {r['scenario']}: warm-up failed: {r['warmup_failures']}"
-        for r in results
-        if r["warmup_failures"]
-    ]
+    failed = (
+        [
+            f"{r['level']} streams, {r['scenario']}: {r['failed_streams']} failed streams, "
+            f"{r['lost_tokens']} lost / {r['duplicated_tokens']} extra tokens {r['problems'][:2]}"
+            for r in results
+            if r["failed_streams"] or r["lost_tokens"] or r["duplicated_tokens"]
+        ]
+        + [
+            f"{r['level']} streams, {r['scenario']}: warm-up failed: {r['warmup_failures']}"
+            for r in results
+            if r["warmup_failures"]
+        ]
+        + [
+            f"{r['level']} streams, {r['scenario']}: {r['spans_exported']} spans exported of "
+            f"{r['spans_expected']}"
+            for r in results
+            if r["spans_exported"] is not None and r["spans_exported"] < r["spans_expected"]
+        ]
+    )
     verdict = "CHECKS FAILED:\n  " + "\n  ".join(failed) if failed else "every response verified"
     print("\n" + verdict)
     info["loadavg_at_end"] = loadavg()

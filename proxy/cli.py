@@ -28,6 +28,7 @@ from proxy import __version__, config, hangups, logs, pidfile
 from proxy.config import ConfigSource
 from proxy.core.errors import ConfigError
 from proxy.core.shown import without_credentials
+from proxy.otlp import tracing_config
 from proxy.settings import ModelSettings, Settings
 
 if TYPE_CHECKING:
@@ -170,8 +171,10 @@ def _settings_of(source: ConfigSource) -> Settings:
 def _checked(settings: Settings) -> Settings:
     """`settings`, once the key file they name gives keys (`ConfigError` otherwise). At start
     this comes before the tokenizers and the workers: a worker that failed on it would only be
-    restarted, again and again."""
+    restarted, again and again. So is where traces go (an OTEL_* variable the proxy cannot
+    follow)."""
     settings.api_keys()
+    tracing_config(settings.otlp_traces_endpoint)
     return settings
 
 

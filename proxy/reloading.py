@@ -48,6 +48,8 @@ RUNTIME_KEYS: Final[tuple[str, ...]] = (
     "flush_interval_ms",
     "flush_frames",
     "merge_frames",
+    # compressed JSON responses
+    "json_compression",
     # continuous verification
     "verify_sample_rate",
     "verify_refuse_after",

@@ -407,6 +407,15 @@ class Settings:
         flag="zstd-dict",
     )
 
+    # --- compressed JSON responses (docs/COMPRESSION.md "JSON responses") ---
+    # Off by default: on, a client that offers gzip, br or zstd receives compressed what it
+    # received plain before (decoded, the same bytes), so turning it on is the operator's call.
+    json_compression: Literal["off", "on"] = option(
+        "off",
+        help="compress JSON responses for clients that accept gzip, br or zstd: streams on the "
+        "flush schedule, whole bodies whole (off: as the upstream sent them)",
+    )
+
     # --- rolling Codec out (docs/ROLLOUT.md); these change at run time (SIGHUP) ---
     # Decided before any upstream contact; a refused Codec request gets 403
     # `codec_not_enabled` and JSON requests are never affected (proxy/core/http/access.py).
@@ -456,6 +465,17 @@ class Settings:
     )
     log_format: Literal["json", "text"] = option("json", help="access and event log format")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = option("INFO", help="log level")
+
+    # --- traces (docs/DEPLOY.md "Traces"); the other OTEL_* variables configure the rest ---
+    # vLLM's flag has this name. The standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and
+    # OTEL_EXPORTER_OTLP_ENDPOINT turn traces on too (proxy/server/telemetry/tracing.py).
+    otlp_traces_endpoint: str | None = option(
+        None,
+        help="export OpenTelemetry traces over OTLP/HTTP to this URL (a bare collector URL gets "
+        "/v1/traces); unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+        "if set, else no traces",
+        url=True,
+    )
 
     def __post_init__(self) -> None:
         # One URL where a list is expected is a list of one (Settings(upstream="http://...")).

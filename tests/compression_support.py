@@ -1,11 +1,13 @@
-"""Decompress Codec responses with the standard libraries, incrementally, as a client does."""
+"""Decompress responses with the standard libraries, incrementally, as a client does: Codec
+streams (zstd with the format's dictionary) and JSON (plain zstd)."""
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import brotli
+import httpx2
 import zstandard
 
 from proxy.core.compression.dictionaries import ZstdDictionaries
@@ -31,8 +33,8 @@ def incremental_decompressor(
         process: Callable[[bytes], bytes] = brotli.Decompressor().process
         return process
     if coding == "zstd":
-        assert dictionary is not None, "zstd responses need the dictionary"
-        zdict = zstandard.ZstdCompressionDict(dictionary)
+        # Without a dictionary: plain zstd, as JSON responses are sent.
+        zdict = None if dictionary is None else zstandard.ZstdCompressionDict(dictionary)
         decompress: Callable[[bytes], bytes] = (
             zstandard.ZstdDecompressor(dict_data=zdict).decompressobj().decompress
         )
@@ -49,9 +51,50 @@ def decompress_whole(coding: str, body: bytes, dictionary: bytes | None = None) 
         out: bytes = brotli.decompress(body)
         return out
     if coding == "zstd":
-        assert dictionary is not None
-        zdict = zstandard.ZstdCompressionDict(dictionary)
+        zdict = None if dictionary is None else zstandard.ZstdCompressionDict(dictionary)
         with zstandard.ZstdDecompressor(dict_data=zdict).stream_reader(body) as reader:
             whole: bytes = reader.read()
         return whole
     return body
+
+
+class WireCounter(httpx2.AsyncBaseTransport):
+    """The OpenAI SDK's own HTTP transport (httpx2's), counting response body bytes as they
+    came over the wire, before the client decodes any content coding."""
+
+    def __init__(self) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self.bytes = 0
+        self.offered: list[str] = []
+        self.encodings: list[str] = []
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        self.offered.append(request.headers.get("Accept-Encoding", ""))
+        response = await self._inner.handle_async_request(request)
+        self.encodings.append(response.headers.get("Content-Encoding", "identity"))
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Counted(response.stream, self),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Counted(httpx2.AsyncByteStream):
+    def __init__(
+        self, stream: httpx2.AsyncByteStream | httpx2.SyncByteStream, counter: WireCounter
+    ) -> None:
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        self._stream = stream
+        self._counter = counter
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._counter.bytes += len(chunk)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

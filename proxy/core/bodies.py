@@ -1,7 +1,7 @@
 """What a response body is made of: upstream body bytes in, client body bytes out.
 
-Every response the proxy streams from an upstream is one of three kinds, and the edge pumps
-them all the same way (proxy/server/data/pump.py): read with the body's `deadline()`, `feed`
+Every response the proxy streams from an upstream is one of these kinds, and the edge pumps
+them all the same way (proxy/server/data/stream.py): read with the body's `deadline()`, `feed`
 what arrived, `on_deadline` when the deadline passed first, `flush` at the upstream's end,
 `fail` when the upstream broke; write whatever comes back, and stop reading once `done`.
 
@@ -11,6 +11,9 @@ what arrived, `on_deadline` when the deadline passed first, `flush` at the upstr
   schedule (compression/body_writer.py); exactly one terminal frame, whatever happens. A
   sampled stream is also verified (`verified_codec_body`, proxy/core/verify/): the IDs of the
   frames the guard lets out against the text the transcoder was streamed.
+* `CompressedEventsBody`: a relayed or policed event stream compressed for its client, flushed
+  on the same schedule at event ends only; `CompressedWholeBody`: any other JSON body,
+  compressed whole (`json_compression`, proxy/core/http/json_coding.py).
 
 (One more kind lives with the renderer: `RenderedResponseBody`, proxy/core/render/response.py,
 a Codec upstream's frames rendered as OpenAI JSON.)
@@ -24,8 +27,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from proxy.core.compression.body_writer import BodyWriter
+from proxy.core.compression.compressors import StreamCompressor
+from proxy.core.compression.event_writer import EventWriter
 from proxy.core.guard import StreamGuard
 from proxy.core.safety.json_policing import JsonStreamPolicer
+from proxy.core.stream.sse import EventEnds
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.verify.verifier import StreamVerifier, Verification
@@ -226,3 +232,166 @@ def verified_codec_body(
     verifier = StreamVerifier(decoder)
     transcoder.on_text = verifier.text
     return CodecBody(guard, writer, verifier)
+
+
+class CompressedEventsBody:
+    """An event stream, relayed or policed (`inner`), compressed for its client: the decoded
+    bytes are exactly what `inner` sends, flushed on the schedule (compression/event_writer.py)
+    and only at event ends, so a flush never leaves the client half an event."""
+
+    __slots__ = ("_ends", "_held", "_held_bytes", "_inner", "_max_held", "_started", "_writer")
+
+    passes_through = False
+
+    def __init__(self, inner: RelayedBody, writer: EventWriter, *, max_held: int) -> None:
+        self._inner = inner
+        self._writer = writer
+        self._ends = EventEnds()
+        # What came after the last event end: compressed with the event it is part of.
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        # An event longer than this (an upstream that never ends one) is compressed as it
+        # comes, unflushed, rather than held without bound.
+        self._max_held = max_held
+        self._started = False
+
+    @property
+    def ready(self) -> bool:
+        # The first event is flushed at once: the response starts with it.
+        return self._started or self._inner.done
+
+    @property
+    def done(self) -> bool:
+        return self._inner.done
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        if self._writer.finished:
+            return b""
+        data = self._inner.feed(chunk, now)
+        out = self._events(data, now) if data else b""
+        if self._inner.done:
+            # A policy `stop` ended the stream with this chunk: no flush follows.
+            out += self._end(now)
+        return self._sent(out)
+
+    def deadline(self) -> float | None:
+        return self._writer.deadline()
+
+    def on_deadline(self, now: float) -> bytes:
+        return self._sent(self._writer.on_deadline(now))
+
+    def flush(self, now: float) -> bytes:
+        if self._writer.finished:
+            return b""
+        data = self._inner.flush(now)
+        out = self._events(data, now) if data else b""
+        return self._sent(out + self._end(now))
+
+    def fail(self, error: str, now: float) -> bytes | None:
+        # A truncated JSON stream must not look whole: not even its compression is ended.
+        return None
+
+    def _events(self, data: bytes, now: float) -> bytes:
+        events, end = self._ends.feed(data)
+        held = self._held
+        if not events:
+            held.append(data)
+            self._held_bytes += len(data)
+            if self._held_bytes > self._max_held:
+                return self._writer.feed(self._take_held(), 0, now)
+            return b""
+        whole = data if end == len(data) else data[:end]
+        if held:
+            whole = b"".join([*held, whole])
+            held.clear()
+        rest = data[end:]
+        self._held_bytes = len(rest)
+        if rest:
+            held.append(rest)
+        return self._writer.feed(whole, events, now)
+
+    def _end(self, now: float) -> bytes:
+        # An event the upstream left unended goes out as it came: the bytes are the upstream's.
+        return self._writer.feed(self._take_held(), 0, now) + self._writer.flush()
+
+    def _take_held(self) -> bytes:
+        held = b"".join(self._held)
+        self._held.clear()
+        self._held_bytes = 0
+        return held
+
+    def _sent(self, data: bytes) -> bytes:
+        if data:
+            self._started = True
+        return data
+
+
+class CompressedWholeBody:
+    """A JSON body compressed whole: sent at the upstream's end, with its `length` known
+    for `Content-Length`; or, once its compressed bytes outgrow `max_buffered`, sent on as
+    they come (still one compression, never flushed) and without a length."""
+
+    __slots__ = (
+        "_buffered",
+        "_buffered_bytes",
+        "_compressor",
+        "_ended",
+        "_max_buffered",
+        "length",
+        "ready",
+    )
+
+    passes_through = False
+
+    def __init__(self, compressor: StreamCompressor, *, max_buffered: int) -> None:
+        self._compressor = compressor
+        self._max_buffered = max_buffered
+        self._buffered: list[bytes] = []
+        self._buffered_bytes = 0
+        self._ended = False
+        self.ready = False
+        # The whole compressed body's length, once it was compressed before the response began.
+        self.length: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return False
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        out = self._compressor.feed(chunk)
+        if self.ready:
+            return out
+        if out:
+            self._buffered.append(out)
+            self._buffered_bytes += len(out)
+        if self._buffered_bytes > self._max_buffered:
+            self.ready = True
+            return self._take_buffered()
+        return b""
+
+    def deadline(self) -> float | None:
+        return None
+
+    def on_deadline(self, now: float) -> bytes:
+        return b""
+
+    def flush(self, now: float) -> bytes:
+        if self._ended:
+            return b""
+        self._ended = True
+        end = self._compressor.flush()
+        if self.ready:
+            return end
+        data = self._take_buffered() + end
+        self.length = len(data)
+        self.ready = True
+        return data
+
+    def fail(self, error: str, now: float) -> bytes | None:
+        return None
+
+    def _take_buffered(self) -> bytes:
+        data = b"".join(self._buffered)
+        self._buffered.clear()
+        self._buffered_bytes = 0
+        return data

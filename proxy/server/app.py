@@ -12,6 +12,7 @@ from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.endpoints import CHAT, CODEC_REQUEST_PATH, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
+from proxy.otlp import tracing_config
 from proxy.server.control import local, model_list, well_known
 from proxy.server.control.admin import ADMIN_APP, admin_app
 from proxy.server.control.auth import api_key_middleware
@@ -43,6 +44,8 @@ from proxy.server.models.served_models import (
 from proxy.server.process.reload import ON_RELOAD, install_reloads
 from proxy.server.telemetry.metrics import METRICS, Metrics
 from proxy.server.telemetry.record import echo_request_id
+from proxy.server.telemetry.traces import echo_trace
+from proxy.server.telemetry.tracing import TRACING, Tracing
 from proxy.settings import Settings
 
 
@@ -79,6 +82,8 @@ def create_app(
     settings say); its tokenizer map declares them (`zstd_dictionaries[]`). Raises
     TokenizerLoadError, TokenizerMapError, DictionaryError or ConfigError.
     """
+    # Before the tokenizers load (the CLI has checked it before the workers start).
+    traces = tracing_config(settings.otlp_traces_endpoint)
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
     live = build_live(settings, {m.name: m.vocabulary for m in served if not m.speaks_codec})
     # With an admin listener the probes and the proxy's metrics are there, and these paths are
@@ -121,6 +126,11 @@ def create_app(
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
     app.on_response_prepare.append(echo_request_id)
+    if traces is not None:
+        # Started first, so that it is shut down last: after the streams and their upstreams.
+        tracing = app[TRACING] = Tracing(traces)
+        app.cleanup_ctx.append(tracing.context)
+        app.on_response_prepare.append(echo_trace)
     app.on_response_prepare.append(announce_server_version)
     # The one place the header floors are applied (server/control/versioning.py): after every
     # hook that adds a Codec header.

@@ -1,16 +1,27 @@
-"""The three response bodies, driven the way the edge's pump drives them; a Codec body verified."""
+"""The response bodies, driven the way the edge's pump drives them; a Codec body verified."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
 import pytest
 
-from proxy.core.bodies import CodecBody, RelayedBody, verified_codec_body
+from proxy.core.bodies import (
+    CodecBody,
+    CompressedEventsBody,
+    CompressedWholeBody,
+    RelayedBody,
+    ResponseBody,
+    verified_codec_body,
+)
 from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
-from proxy.core.compression.compressors import new_compressor
+from proxy.core.compression.compressors import new_compressor, plain_compressor
+from proxy.core.compression.event_writer import EventWriter
+from proxy.core.compression.flush import FlushConfig
 from proxy.core.guard import StreamGuard
+from proxy.core.http.content_coding import ContentCoding
 from proxy.core.http.versioning import V0_4
 from proxy.core.safety.rules import Vocab
 from proxy.core.safety.stream import PolicedIds
@@ -23,6 +34,7 @@ from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame, encoder_for
 from proxy.maps.publish import publish
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests.compression_support import decompress_whole, incremental_decompressor
 from tests.core.safety.support import compiled
 from tests.fake_upstream import load_capture
 
@@ -278,3 +290,162 @@ def test_the_factory_wires_one_verifier_to_the_right_transcoder(
     verified_codec_body(transcoder, guard, writer, decoder)
     with pytest.raises(ValueError, match="already"):
         verified_codec_body(transcoder, guard, writer, decoder)
+
+
+# --- compressed JSON: an event stream, a whole body ------------------------------------------
+
+JSON_CODINGS: tuple[ContentCoding, ...] = ("gzip", "br", "zstd")
+SHORT = load_capture("vllm-completions-stop-sequence.txt").body
+
+
+def events_body(
+    coding: ContentCoding,
+    inner: RelayedBody | None = None,
+    *,
+    interval_ms: float = 50,
+    max_held: int = 1 << 20,
+) -> CompressedEventsBody:
+    writer = EventWriter(plain_compressor(coding), FlushConfig(interval_ms, 32))
+    return CompressedEventsBody(inner or RelayedBody(), writer, max_held=max_held)
+
+
+def ready(body: ResponseBody) -> bool:
+    """`body.ready` read afresh (an assert on the attribute would narrow it for mypy)."""
+    return body.ready
+
+
+def whole_events(data: bytes) -> bool:
+    return not data or data.endswith((b"\n\n", b"\r\r", b"\r\n\r\n", b"\r\n\r"))
+
+
+@pytest.mark.parametrize("coding", JSON_CODINGS)
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"])
+def test_an_event_stream_split_anywhere_decodes_to_itself_whole_events_at_a_time(
+    coding: ContentCoding, eol: bytes
+) -> None:
+    stream = SHORT.replace(b"\n", eol)
+    for offset in range(len(stream) + 1):
+        # Every event flushed: the most flush points, each of which must end an event.
+        body = events_body(coding, interval_ms=0)
+        decompress = incremental_decompressor(coding)
+        assert not ready(body)
+        wire = body.feed(stream[:offset], 0.0)
+        seen = decompress(wire)
+        assert whole_events(seen), offset
+        assert ready(body) == bool(wire)
+        wire2 = body.feed(stream[offset:], 0.01)
+        seen += decompress(wire2)
+        assert whole_events(seen), offset
+        assert ready(body)
+        assert not body.done
+        end = body.flush(0.02)
+        assert decompress_whole(coding, wire + wire2 + end) == stream, offset
+        assert body.flush(0.03) == b""
+
+
+@pytest.mark.parametrize("coding", JSON_CODINGS)
+def test_an_event_stream_is_flushed_on_the_schedule(coding: ContentCoding) -> None:
+    body = events_body(coding, interval_ms=50)
+    decompress = incremental_decompressor(coding)
+    events = [e + b"\n\n" for e in SHORT.split(b"\n\n")[:3]]
+    assert decompress(body.feed(events[0], 0.0)) == events[0]  # the first at once
+    assert ready(body)
+    assert decompress(body.feed(events[1] + events[2][:10], 0.01)) == b""
+    assert body.deadline() == pytest.approx(0.06)
+    assert body.on_deadline(0.05) == b""
+    deadline = body.deadline()
+    assert deadline is not None
+    # Due: the whole event goes, not the piece of the next one.
+    assert decompress(body.on_deadline(deadline)) == events[1]
+    assert body.deadline() is None
+    assert decompress(body.feed(events[2][10:], 0.07)) == b""
+    assert decompress(body.flush(0.08)) == events[2]
+
+
+def test_an_unended_last_event_goes_out_as_the_upstream_sent_it() -> None:
+    body = events_body("gzip")
+    wire = body.feed(b"data: 1\n\ndata: 2", 0.0) + body.flush(0.1)
+    assert decompress_whole("gzip", wire) == b"data: 1\n\ndata: 2"
+
+
+def test_an_event_that_never_ends_is_not_held_without_bound() -> None:
+    body = events_body("gzip", max_held=100)
+    decompress = incremental_decompressor("gzip")
+    assert decompress(body.feed(b"data: 1\n\n", 0.0)) == b"data: 1\n\n"
+    body.feed(b"data: " + b"x" * 60, 0.1)
+    assert body._held_bytes == 66
+    body.feed(b"x" * 60, 0.2)  # past max_held: handed to the compressor, unflushed
+    assert body._held_bytes == 0
+    end = body.flush(0.3)
+    assert decompress(end) == b"data: " + b"x" * 120
+
+
+class Stopping(RelayedBody):
+    """An inner body that a policy `stop` ends: its last bytes, then nothing."""
+
+    __slots__ = ("stopped",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = False
+
+    @property
+    def done(self) -> bool:
+        return self.stopped
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        if self.stopped:
+            return b""
+        self.stopped = b"STOP" in chunk
+        return chunk
+
+
+def test_an_inner_body_that_ends_ends_the_compressed_stream_in_the_same_feed() -> None:
+    # The edge never calls `flush` on a body that is done: the compression must end there.
+    body = events_body("gzip", Stopping())
+    wire = body.feed(b"data: 1\n\n", 0.0) + body.feed(b"data: 2\n\ndata: STOP\n\n", 0.01)
+    assert body.done
+    assert ready(body)
+    assert decompress_whole("gzip", wire) == b"data: 1\n\ndata: 2\n\ndata: STOP\n\n"
+    assert body.feed(b"data: 3\n\n", 0.02) == b""
+    assert body.flush(0.03) == b""
+
+
+def test_a_failed_event_stream_is_not_ended_as_if_whole() -> None:
+    body = events_body("gzip")
+    body.feed(b"data: 1\n\n", 0.0)
+    assert body.fail("gone", 0.1) is None
+
+
+@pytest.mark.parametrize("coding", JSON_CODINGS)
+def test_a_whole_body_split_anywhere_is_compressed_once_with_its_length(
+    coding: ContentCoding,
+) -> None:
+    document = load_capture("llamacpp-models.txt").body
+    for offset in range(len(document) + 1):
+        body = CompressedWholeBody(plain_compressor(coding), max_buffered=1 << 20)
+        assert body.feed(document[:offset], 0.0) == b""
+        assert body.feed(document[offset:], 0.1) == b""
+        assert not ready(body)
+        assert body.deadline() is None
+        wire = body.flush(0.2)
+        assert ready(body)
+        assert body.length == len(wire)
+        assert decompress_whole(coding, wire) == document
+        assert body.flush(0.3) == b""  # the edge may ask twice
+
+
+def test_a_whole_body_that_outgrows_the_buffer_is_sent_on_without_a_length() -> None:
+    noise = random.Random(0).randbytes(16 * 1024)  # incompressible: output comes early
+    body = CompressedWholeBody(plain_compressor("gzip"), max_buffered=1024)
+    wire = b""
+    for _ in range(20):
+        wire += body.feed(noise, 0.0)
+        if body.ready:
+            break
+    assert ready(body)
+    assert wire
+    wire += body.feed(b'"}', 0.1) + body.flush(0.2)
+    assert body.length is None
+    assert body.fail("gone", 0.3) is None
+    assert decompress_whole("gzip", wire).endswith(noise + b'"}')

@@ -24,7 +24,8 @@ import pytest
 from proxy.core.bodies import CodecBody
 from proxy.core.wire.decoder import FrameDecoder
 from tests.fake_upstream import FakeUpstream, Script, load_capture
-from tests.server.conftest import MakeProxy, ProxyClient
+from tests.otlp_receiver import OtlpReceiver
+from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
 from tests.server.support import post, wait_for
 
 EVENTS = 300
@@ -308,3 +309,32 @@ async def test_a_bug_in_a_callback_ends_the_stream_with_one_terminal_frame(
     access = [r for r in caplog.records if r.name == "codec_proxy.access"]
     assert access[-1].fields["outcome"] == "internal_error"  # type: ignore[attr-defined]
     await wait_for(lambda: upstream.outcomes == ["aborted"])  # and the backend was stopped
+
+
+async def test_with_traces_on_a_relayed_event_is_still_one_callback(
+    make_proxy: MakeProxy,
+    paced_upstream: PacedUpstream,
+    counts: Counts,
+    aiohttp_server: AiohttpServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spans are per request and per upstream attempt (tests/server/test_tracing.py): every
+    request sampled, an event costs what it costs without them."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    receiver = OtlpReceiver()
+    collector = await aiohttp_server(receiver.app())
+    proxy = await make_proxy(
+        upstream=(paced_upstream.url,),
+        health_interval=3600.0,
+        otlp_traces_endpoint=str(collector.make_url("/v1/traces")),
+    )
+    assert proxy.port is not None
+    payload = {"prompt": "Hi", "stream_format": "msgpack"}
+    window = await asyncio.to_thread(stream_through(proxy.host, proxy.port, payload, counts))
+    frames = FrameDecoder("msgpack").feed(window.body)
+    assert sum(f.done for f in frames) == 1
+    assert window.io_events >= EVENTS // 2
+    assert window.scheduled <= 10, window
+    assert window.timers <= 5, window
+    await proxy.close()  # its spans are exported as it stops
+    assert {s.kind for s in receiver.spans} == {"server", "client"}

@@ -11,8 +11,8 @@ still compressed against earlier ones:
   block instead of a 4-byte-aligned empty stored block (00 00 ff ff). At 2-3 tokens per flush
   that is 1 B/token less (docs/COMPRESSION.md, "gzip flush mode");
 - br: brotli `process` + `flush` (BROTLI_OPERATION_FLUSH);
-- zstd: with the format's dictionary, `FLUSH_BLOCK` (ZSTD_e_flush: ends the block, not the
-  frame);
+- zstd: `FLUSH_BLOCK` (ZSTD_e_flush: ends the block, not the frame); with the wire format's
+  dictionary for Codec (`new_compressor`), without one for JSON (`plain_compressor`);
 - identity: bytes pass through.
 
 `feed` may return nothing (the compressor holds the bytes back); `sync` returns what the
@@ -126,10 +126,15 @@ class ZstdCompressor:
     __slots__ = ("_zstd",)
     coding: Final = ZSTD
 
-    def __init__(self, dictionary: LoadedZstdDictionary) -> None:
-        # The spec allows zstd only with the format's dictionary (codec-spec.md §5, MUST NOT
-        # otherwise); the dictionary is precomputed for this level at load.
-        cctx = zstandard.ZstdCompressor(level=dictionary.level, dict_data=dictionary.zstd_dict)
+    def __init__(
+        self, dictionary: LoadedZstdDictionary | None, level: int = DEFAULT_LEVELS.zstd
+    ) -> None:
+        if dictionary is None:
+            # RFC 8878's self-contained frames, which any client that lists zstd decodes.
+            cctx = zstandard.ZstdCompressor(level=level)
+        else:
+            # A Codec stream: the dictionary is precomputed for its own level at load.
+            cctx = zstandard.ZstdCompressor(level=dictionary.level, dict_data=dictionary.zstd_dict)
         self._zstd = cctx.compressobj()
 
     def feed(self, data: bytes) -> bytes:
@@ -156,7 +161,19 @@ def new_compressor(
     if coding == BR:
         return BrotliCompressor(levels.brotli_quality, levels.brotli_lgwin)
     if coding == ZSTD:
+        # The spec allows zstd for Codec only with the format's dictionary (codec-spec.md §5,
+        # MUST NOT otherwise).
         if dictionary is None:
             raise ValueError("zstd needs the wire format's dictionary (codec-spec.md §5)")
         return ZstdCompressor(dictionary)
     return IdentityCompressor()
+
+
+def plain_compressor(
+    coding: ContentCoding, levels: CompressionLevels = DEFAULT_LEVELS
+) -> StreamCompressor:
+    """A fresh compressor for one JSON response: zstd without a dictionary, the coding
+    `Content-Encoding: zstd` names for any HTTP client (proxy/core/http/json_coding.py)."""
+    if coding == ZSTD:
+        return ZstdCompressor(None, levels.zstd)
+    return new_compressor(coding, levels=levels)

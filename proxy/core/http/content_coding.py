@@ -16,6 +16,12 @@ only with that dictionary, while `Content-Encoding: zstd` promises a self-contai
 `dcz`). A generic HTTP client that lists `zstd` (httpx, curl, browsers) cannot decode it, so it
 goes only to clients that declared themselves Codec clients with a `Codec-Client-Version` of at
 least 0.2, the floor of the `Codec-Zstd-Dict` header that names the dictionary (§4).
+
+A JSON response (`json_compression`, json_coding.py) is another case: it is not Codec, so §5's
+rule does not apply to it, and its zstd is plain RFC 8878 zstd with no dictionary, which is
+exactly what a client that lists `zstd` can decode. It is chosen the same way, from the JSON
+row of the same curve, but never refused: JSON went out whatever the client accepted before
+compression existed, so a client that accepts nothing we can send gets identity, not a 406.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from proxy.core.http import coding_sizes
 from proxy.core.http.negotiation import parse_qvalue
 from proxy.core.http.versioning import ClientVersion, allows_header
 from proxy.core.shown import quoted
+from proxy.core.wire.formats import JSON
 
 ContentCoding = Literal["identity", "gzip", "br", "zstd"]
 
@@ -192,5 +199,27 @@ def negotiate_coding(
             code="no_acceptable_encoding",
         )
     window = curve.window_ms(flush_interval_ms, flush_frames)
+    return _smallest(acceptable, curve, stream_format, window)
+
+
+def negotiate_json_coding(
+    accept_encoding: str | None, *, window_ms: float, curve: CodingCurve = MEASURED_CURVE
+) -> ContentCoding:
+    """The coding of a JSON response the proxy may compress (module docstring): of the codings
+    the client accepts, zstd without a dictionary among them, the smallest on `curve`'s JSON
+    row at `window_ms` (`CodingCurve.window_ms` for a stream, infinite for a body compressed
+    whole); identity when the client sends no `Accept-Encoding` or accepts none of them."""
+    if accept_encoding is None:
+        return IDENTITY
+    accepted = parse_accept_encoding(accept_encoding)
+    acceptable = [coding for coding in SERVER_PREFERENCE if weight(accepted, coding) > 0.0]
+    if not acceptable:
+        return IDENTITY
+    return _smallest(acceptable, curve, JSON, window_ms)
+
+
+def _smallest(
+    acceptable: list[ContentCoding], curve: CodingCurve, stream_format: str, window_ms: float
+) -> ContentCoding:
     # min() keeps the first of equals, so ties go by the spec's order.
-    return min(acceptable, key=lambda coding: curve.at(stream_format, coding, window))
+    return min(acceptable, key=lambda coding: curve.at(stream_format, coding, window_ms))

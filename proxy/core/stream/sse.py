@@ -12,11 +12,13 @@ characters, whatever the network chunking.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Final
 
 from proxy.core.errors import EventTooLarge
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEDecoder", "SSEEvent"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "EventEnds", "SSEDecoder", "SSEEvent"]
 
 # A generated-token event is a few hundred bytes; a final llama.cpp chunk with usage and
 # timings is under 1 KiB. 1 MiB leaves room for large tool-call arguments while bounding what
@@ -24,6 +26,8 @@ __all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEDecoder", "SSEEvent"]
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 _BOM = b"\xef\xbb\xbf"
+# CRLF before CR: a CR followed by an LF is one line end, not two.
+_LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,3 +221,50 @@ _new_event = object.__new__
 _set_data = vars(SSEEvent)["data"].__set__
 _set_event = vars(SSEEvent)["event"].__set__
 _set_id = vars(SSEEvent)["id"].__set__
+
+
+class EventEnds:
+    """Where events end in an SSE byte stream, found without decoding it: the blank lines.
+
+    A body that is passed on as it came but cut into pieces (a compressed JSON-SSE response
+    is flushed only at event ends, so that a client is never left holding half an event) needs
+    only the offsets, with the decoder's idea of a line end: CRLF, LF or CR, across chunks.
+    Every blank line counts, including one that dispatches nothing (a comment-only event, or a
+    blank line at the start of the stream): each is a point where the client has nothing half
+    read.
+    """
+
+    __slots__ = ("_after_cr", "_at_line_start")
+
+    def __init__(self) -> None:
+        self._at_line_start = True
+        # The last byte was a CR: an LF opening the next chunk completes that line end.
+        self._after_cr = False
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        """(events, end): how many events `data` ends, and how long the prefix of `data` is
+        that ends the last of them (0 when it ends none)."""
+        if not data:
+            return 0, 0
+        if not self._after_cr and b"\r" not in data and b"\n\n\n" not in data:
+            # The upstreams' own form, once per event: LF only, no run of blank lines, so the
+            # blank lines are the LF pairs (and an LF opening a line), counted without a scan.
+            leading = self._at_line_start and data[0] == 0x0A
+            events = data.count(b"\n\n") + leading
+            last = data.rfind(b"\n\n")
+            self._at_line_start = data[-1] == 0x0A
+            return events, last + 2 if last >= 0 else int(leading)
+        start = 1 if self._after_cr and data[:1] == b"\n" else 0
+        self._after_cr = data[-1] == 0x0D
+        if start == len(data):
+            return 0, 0
+        events = end = 0
+        # Where the last line end seen ended: a line end starting right there ends a blank line.
+        line_start = start if self._at_line_start else -1
+        for match in _LINE_END.finditer(data, start):
+            if match.start() == line_start:
+                events += 1
+                end = match.end()
+            line_start = match.end()
+        self._at_line_start = line_start == len(data)
+        return events, end

@@ -54,8 +54,10 @@ from proxy.server.data.exchange import Exchange
 from proxy.server.data.stream import StreamedResponse, StreamEnd, stream_response
 from proxy.server.models.live import LIVE, config_of
 from proxy.server.models.served_models import SERVED_MODELS, ServedModel, model_of
+from proxy.server.models.verification import verdict_label
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD
+from proxy.server.telemetry.traces import TRACE
 
 log = logging.getLogger("codec_proxy")
 
@@ -170,8 +172,16 @@ def admit_codec(request: web.Request, model: ServedModel) -> ClientVersion:
         check_access(request, model)
         return codec_gate(request)
     except ProxyError as exc:
-        request.app[METRICS].codec_refused.labels(model.name, exc.code or "refused").inc()
+        _refused(request, model.name, exc.code or "refused")
         raise
+
+
+def _refused(request: web.Request, model: str, reason: str) -> None:
+    """A Codec request refused: counted, and its trace told why."""
+    request.app[METRICS].codec_refused.labels(model, reason).inc()
+    trace = request.get(TRACE)
+    if trace is not None:
+        trace.refused(reason)
 
 
 def check_access(request: web.Request, model: ServedModel) -> None:
@@ -194,7 +204,7 @@ async def serve_codec(request: web.Request, plan: CodecPlan) -> web.StreamRespon
     # verification) says they would be wrong; JSON requests do not come here and keep passing.
     refusal = served.readiness.codec_refusal()
     if refusal is not None:
-        app[METRICS].codec_refused.labels(served.name, refusal.reason).inc()
+        _refused(request, served.name, refusal.reason)
         raise ServiceUnavailable(
             f"Codec streams are refused for now ({refusal.reason}); JSON requests are served",
             code=refusal.reason,
@@ -316,8 +326,16 @@ async def _serve(
         request, context, exchange, body, start, encoding=plan.coding, timed=True
     )
     _account(request, plan, guard, exchange)
+    verdict = body.verification if body.done else None
+    trace = context.trace
+    if trace is not None:
+        trace.codec_stream(
+            guard.outcome,
+            guard.token_source or RETOKENIZED,
+            verdict_label(verdict) if sampled else None,
+        )
     if sampled and model_of(request).verification.record(
-        body.verification if body.done else None,
+        verdict,
         token_source=guard.token_source or RETOKENIZED,
         request=context.record.described(),
         settings=config_of(request).settings,

@@ -18,6 +18,7 @@ from aiohttp.typedefs import Handler
 from proxy.core.errors import ProxyError, UpgradeRequired
 from proxy.core.shown import clipped, quoted
 from proxy.server.telemetry.record import RECORD
+from proxy.server.telemetry.traces import TRACE
 
 log = logging.getLogger("codec_proxy")
 
@@ -114,6 +115,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # The whole message goes to the log; a client may only see `public_message`.
         level = logging.WARNING if exc.status_hint >= 500 else logging.INFO
         log.log(level, "%s -> %d %s", _target(request), exc.status_hint, exc.message)
+        trace = request.get(TRACE)
+        if trace is not None:
+            trace.error(exc.code or exc.error_type)
         return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:

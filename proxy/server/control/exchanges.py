@@ -14,6 +14,7 @@ from proxy.server.models.live import config_of
 from proxy.server.models.served_models import model_of
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD
+from proxy.server.telemetry.traces import TRACE
 
 
 def stream_context(request: web.Request, mode: str) -> StreamContext:
@@ -27,6 +28,7 @@ def stream_context(request: web.Request, mode: str) -> StreamContext:
         mode=mode,
         model=model_of(request).name,
         write_timeout=config_of(request).settings.write_timeout,
+        trace=request.get(TRACE),
     )
 
 

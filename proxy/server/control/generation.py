@@ -50,6 +50,7 @@ from proxy.server.control.relay import relay
 from proxy.server.control.request_body import read_request_body
 from proxy.server.models.live import config_of
 from proxy.server.models.served_models import ServedModel, route_request
+from proxy.server.telemetry.traces import TRACE
 
 T = TypeVar("T")
 
@@ -104,11 +105,23 @@ def _decoding_work(raw: bytes, coding: str | None) -> int:
     return len(raw) if coding is None else max(len(raw), _OFF_LOOP_BYTES)
 
 
+# The GenAI conventions' `gen_ai.operation.name` of each generation endpoint, for traces.
+_OPERATIONS: Final = {COMPLETIONS.name: "text_completion", CHAT.name: "chat"}
+
+
+def _traced(request: web.Request, endpoint: Endpoint, model: object) -> None:
+    """A traced request is a generation: its operation and the model it names."""
+    trace = request.get(TRACE)
+    if trace is not None:
+        trace.generation(_OPERATIONS[endpoint.name], model if isinstance(model, str) else None)
+
+
 async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     raw, body = await read_body(request)
     limits = prompt_limits(request)
     parsed = await off_loop(len(body), lambda: endpoint.parse_request(body, limits))
     model = route_request(request, parsed.body.get("model"))
+    _traced(request, endpoint, parsed.body.get("model"))
     if model.speaks_codec:
         return await _from_codec_upstream(
             request, endpoint, model, raw, parsed.body, codec=parsed.is_codec
@@ -185,6 +198,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions_codec(request: web.Request) -> web.StreamResponse:
     model = route_request(request, request.headers.get(MODEL_HEADER))
+    _traced(request, COMPLETIONS, request.headers.get(MODEL_HEADER))
     raw, body = await read_body(request)
     if model.speaks_codec:
         # The upstream reads Path B itself; its prompt IDs are checked there, against its map.

@@ -26,6 +26,8 @@ from proxy.server.telemetry.metrics import METRICS
 
 # What `GET /codec/schema` serves: the proto3 schema of exactly what is emitted.
 SCHEMA_TEXT = web.AppKey("schema_text", str)
+# Asked every few seconds by orchestrators and Prometheus: never traced (control/observe.py),
+# answered here or relayed to the backend's.
 PROBE_PATHS = ("/livez", "/readyz", "/metrics")
 DOCUMENT_PATHS = ("/codec/schema", "/codec/version")
 LOCAL_PATHS = (*PROBE_PATHS, *DOCUMENT_PATHS)

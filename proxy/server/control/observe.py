@@ -3,7 +3,12 @@
 The access log is one line per request (JSON by default): ids (the proxy's own and the client's
 `X-Request-Id`), route, mode, model, stream_format, encoding, client version, status, tokens,
 bytes, time to first byte, duration and outcome (the fields of `RequestRecord`,
-proxy/server/telemetry/record.py).
+proxy/server/telemetry/record.py), and the trace id when traces are exported.
+
+With traces on (proxy/server/telemetry/tracing.py), every request of the serving port but the
+probes and scrapes has its server span from here: begun before the handler, ended once the
+handler has returned, which a streamed response's handler does only after its last bytes are
+written.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core.backend.routing import NO_MODEL
+from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.drain import is_shutdown
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD, RequestRecord, new_record, stream_end
+from proxy.server.telemetry.traces import TRACE
+from proxy.server.telemetry.tracing import TRACING
 
 access_log = logging.getLogger("codec_proxy.access")
 
@@ -34,6 +42,14 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
     record = new_record(request, _route_name(request))
     request[RECORD] = record
     metrics = request.app[METRICS]
+    tracing = request.app.get(TRACING)
+    trace = None
+    # By path: with an admin port these are relayed to the backend's, and just as frequent.
+    if tracing is not None and request.path not in PROBE_PATHS:
+        trace = tracing.begin(request, record.route)
+        if trace is not None:
+            request[TRACE] = trace
+            record.trace_id = trace.trace_id
     try:
         response = await handler(request)
         record.status = response.status
@@ -59,6 +75,8 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         end = stream_end(record)
         if end is not None:
             metrics.streams.labels(model, record.mode, end).inc()
+        if trace is not None:
+            trace.end(record)
         _log(request, record)
 
 

@@ -2,7 +2,8 @@
 
 Only used when a policy is configured; without one, JSON stays on the byte-for-byte relay.
 Streamed answers go through the shared pump with a `PolicedJsonBody`; whole bodies are read
-(up to `max_body_bytes`), checked and sent at once.
+(up to `max_body_bytes`), checked and sent at once. With `json_compression` on, either is
+compressed for a client that accepts it, as the relay does (json_compression.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 
 from aiohttp import web
 
-from proxy.core.bodies import PolicedJsonBody
+from proxy.core.bodies import PolicedJsonBody, ResponseBody
 from proxy.core.endpoints import Endpoint
 from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.json_policing import JsonStreamPolicer, Verdict, police_json_body
@@ -19,6 +20,7 @@ from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedText
 from proxy.server.control.exchanges import stream_context, upstream_exchange
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
+from proxy.server.control.json_compression import JsonCompression, json_compression
 from proxy.server.control.relay import relay_response
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
@@ -26,6 +28,7 @@ from proxy.server.data.stream import StreamedResponse, stream_response
 from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
 from proxy.server.models.served_models import model_of
+from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
@@ -67,9 +70,12 @@ def _policed_text(request: web.Request, policy: SafetyPolicy) -> PolicedText:
     return PolicedText(policy.rules, vocabulary.scheme, vocabulary.loaded.tokenizer)
 
 
-def _headers(upstream: ResponseHead, policy: SafetyPolicy) -> list[tuple[str, str]]:
+def _headers(
+    upstream: ResponseHead, policy: SafetyPolicy, compression: JsonCompression | None
+) -> list[tuple[str, str]]:
     kept = upstream_response_headers(upstream, drop=_RESPONSE_DROP)
-    return [*kept, *policy.response_headers(), ("Vary", "Codec-Client-Version")]
+    headers = [*kept, *policy.response_headers(), ("Vary", "Codec-Client-Version")]
+    return headers if compression is None else compression.headers(headers)
 
 
 async def _police_stream(
@@ -85,14 +91,20 @@ async def _police_stream(
         max_event_bytes=config_of(request).settings.max_event_bytes,
     )
     context.record.phase = "first_byte"
+    compression = json_compression(request, exchange.head)
+    body: ResponseBody = PolicedJsonBody(policer)
+    encoding = "identity"
+    if compression is not None and compression.coded:
+        context.record.encoding = encoding = compression.coding
+        body = compression.body(PolicedJsonBody(policer))
 
     def start() -> web.StreamResponse:
         response = StreamedResponse(status=200)
-        for name, value in _headers(exchange.head, policy):
+        for name, value in _headers(exchange.head, policy, compression):
             response.headers.add(name, value)
         return response
 
-    response, _ = await stream_response(request, context, exchange, PolicedJsonBody(policer), start)
+    response, _ = await stream_response(request, context, exchange, body, start, encoding=encoding)
     if policer.stopped is not None:
         # Cancel, don't drain: closing the connection is what makes the backend stop.
         exchange.cancel()
@@ -114,8 +126,12 @@ async def _police_body(
         raw, lambda: _policed_text(request, policy), endpoint.body_text
     )
     _log(verdict, 0)
+    compression = json_compression(request, exchange.head)
+    if compression is not None and compression.coded:
+        request[RECORD].encoding = compression.coding
+        policed = compression.whole(policed)
     response = web.Response(status=200, body=policed)
-    for name, value in _headers(exchange.head, policy):
+    for name, value in _headers(exchange.head, policy, compression):
         response.headers.add(name, value)
     return response
 

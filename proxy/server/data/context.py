@@ -11,6 +11,7 @@ from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstreams import UpstreamPool
 from proxy.server.telemetry.metrics import Metrics
 from proxy.server.telemetry.record import RequestRecord
+from proxy.server.telemetry.traces import RequestTrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,8 @@ class StreamContext:
     mode: str  # codec | passthrough | policed
     model: str  # the metric label
     write_timeout: float  # seconds; 0: none
+    # The request's trace when traces are exported: each upstream attempt is a span of it.
+    trace: RequestTrace | None = None
 
 
 @contextlib.asynccontextmanager
@@ -47,7 +50,9 @@ async def tracked_exchange(
     active.inc()
     try:
         with context.lifecycle.tracking():
-            async with pool.open(method, path_qs, headers=headers, data=body) as exchange:
+            async with pool.open(
+                method, path_qs, headers=headers, data=body, trace=context.trace
+            ) as exchange:
                 record.upstream = exchange.upstream.url
                 try:
                     yield exchange

@@ -73,11 +73,22 @@ class ResponseHead:
     reason: str
     # As sent, in order, duplicates kept: relayed byte for byte.
     raw_headers: tuple[tuple[bytes, bytes], ...]
-    # For reading fields (`Content-Type`, `Content-Encoding`); values decoded as Latin-1.
-    headers: CIMultiDictProxy[str]
     content_length: int | None
     chunked: bool
     keep_alive: bool
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        """For reading fields (`Content-Type`, `Content-Encoding`), values decoded as Latin-1:
+        made when asked (once or twice per response), not kept for the stream's life."""
+        return CIMultiDictProxy(_decoded(self.raw_headers))
+
+
+def _decoded(raw: tuple[tuple[bytes, bytes], ...]) -> CIMultiDict[str]:
+    headers = CIMultiDict[str]()
+    for name, value in raw:
+        headers.add(name.decode("latin-1"), value.decode("latin-1"))
+    return headers
 
 
 class BodySink(Protocol):
@@ -145,7 +156,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._error: Exception | None = None
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._closed_waiter: asyncio.Future[None] = loop.create_future()
+        self._closed_waiter: asyncio.Future[None] | None = None  # made when someone waits
         self.reading_paused = False
         self.received = 0  # body bytes of the current response: the idle watchdog reads it
         self.requests = 0  # requests sent on this connection: more than one means reused
@@ -185,7 +196,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         state = self._state
         self._state = _State.CLOSED
-        if not self._closed_waiter.done():
+        if self._closed_waiter is not None and not self._closed_waiter.done():
             self._closed_waiter.set_result(None)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
@@ -238,9 +249,8 @@ class UpstreamConnection(asyncio.Protocol):
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:
             return  # an interim answer; the final head follows (RFC 9110 §15.2)
-        headers = CIMultiDict[str]()
-        for name, value in self._headers:
-            headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        raw = tuple(self._headers)
+        headers = _decoded(raw)
         length_field = headers.get("Content-Length")
         try:
             length = int(length_field) if length_field is not None else None
@@ -253,8 +263,7 @@ class UpstreamConnection(asyncio.Protocol):
         head = ResponseHead(
             status=status,
             reason=self._reason.decode("latin-1"),
-            raw_headers=tuple(self._headers),
-            headers=CIMultiDictProxy(headers),
+            raw_headers=raw,
             content_length=length,
             chunked=chunked,
             keep_alive=self._keep_alive and not self._body_until_close,
@@ -381,6 +390,10 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.abort()
 
     async def wait_closed(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        if self._closed_waiter is None:
+            self._closed_waiter = self._loop.create_future()
         await self._closed_waiter
 
     def released(self) -> None:

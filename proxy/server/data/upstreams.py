@@ -44,6 +44,7 @@ from proxy.server.data.upstream_protocol import (
     UpstreamConnectionError,
 )
 from proxy.server.telemetry.metrics import Metrics
+from proxy.server.telemetry.traces import RequestTrace, UpstreamAttempt
 from proxy.settings import UNNAMED_MODEL, Settings
 
 log = logging.getLogger("codec_proxy")
@@ -61,6 +62,9 @@ HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 _STALE_RETRIES = 2
 # The client's request head names these itself; the upstream request gets its own.
 _OWN_REQUEST_FIELDS = frozenset({"host", "content-length", "expect"})
+# A traced request's upstream attempt sends its own trace context: the caller's is the parent of
+# the proxy's server span, and the backend's spans belong under the attempt's.
+_TRACE_CONTEXT_FIELDS = frozenset({"traceparent", "tracestate"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "DELETE", "CONNECT"})
 
 
@@ -70,15 +74,20 @@ def _request_head(
     path_qs: str,
     headers: list[tuple[str, str]],
     data: bytes | None,
+    trace_context: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """The upstream request's head: the client's end-to-end fields as given, its own `Host`
     and `Content-Length`, and the credentials of the upstream's URL when it has some (they
-    replace the client's `Authorization`: the operator named them for this upstream)."""
+    replace the client's `Authorization`: the operator named them for this upstream), and the
+    attempt's `trace_context` in place of the client's when the request is traced."""
     own = _OWN_REQUEST_FIELDS | ({"authorization"} if origin.authorization else set())
+    if trace_context:
+        own |= _TRACE_CONTEXT_FIELDS
     fields = [("Host", origin.host_header)]
     fields += [(name, value) for name, value in headers if name.lower() not in own]
     if origin.authorization:
         fields.append(("Authorization", origin.authorization))
+    fields += trace_context
     # A request that can carry a body says how long it is, also when it is empty (RFC 9110
     # §8.6), as aiohttp did.
     length = len(data) if data is not None else None
@@ -222,21 +231,27 @@ class UpstreamPool:
         *,
         headers: Iterable[tuple[str, str]],
         data: bytes | None,
+        trace: RequestTrace | None = None,
     ) -> AsyncIterator[Exchange]:
         """Send a request upstream; yields once the response head is in. At the end the
-        exchange keeps, drains or closes its connection (`Exchange.end`)."""
+        exchange keeps, drains or closes its connection (`Exchange.end`). `trace`: each
+        attempt is a client span of it, ended with the exchange."""
         settings = self.settings
         budget = self.budget
         budget.take()
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
-            exchange = await self._send(method, path_qs, list(headers), data, deadline)
+            exchange, attempt = await self._send(
+                method, path_qs, list(headers), data, deadline, trace
+            )
             try:
                 yield exchange
             finally:
                 exchange.end()
                 exchange.upstream.outstanding -= 1
+                if attempt is not None:
+                    attempt.ended()
         finally:
             budget.give_back()
 
@@ -247,10 +262,12 @@ class UpstreamPool:
         headers: list[tuple[str, str]],
         data: bytes | None,
         deadline: float | None,
-    ) -> Exchange:
+        trace: RequestTrace | None,
+    ) -> tuple[Exchange, UpstreamAttempt | None]:
         tried: set[str] = set()
         last_failure: BaseException | None = None
         stale_retries_left = _STALE_RETRIES
+        resent = 0
         while True:
             upstream = self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
             if upstream is None:
@@ -267,17 +284,28 @@ class UpstreamPool:
                 raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
             upstream.outstanding += 1
             origin = self._origins[upstream.url]
+            attempt = None if trace is None else trace.attempt(method, origin, path_qs, resent)
+            resent += 1
             conn: UpstreamConnection | None = None
             try:
                 async with asyncio.timeout_at(deadline):
                     conn = await self.connections.connection(origin)
                     head = await conn.request(
-                        _request_head(origin, method, path_qs, headers, data),
+                        _request_head(
+                            origin,
+                            method,
+                            path_qs,
+                            headers,
+                            data,
+                            () if attempt is None else attempt.fields,
+                        ),
                         data,
                         head_only=method == "HEAD",
                     )
             except UpstreamConnectionError as exc:
                 upstream.outstanding -= 1
+                if attempt is not None:
+                    attempt.failed(exc)
                 if conn is not None:
                     self.connections.release(conn, origin)
                 last_failure = exc
@@ -297,6 +325,8 @@ class UpstreamPool:
             except TimeoutError as exc:
                 # The time-to-first-byte budget ran out while waiting for response headers.
                 upstream.outstanding -= 1
+                if attempt is not None:
+                    attempt.failed(exc)
                 if conn is not None:
                     conn.close()
                     self.connections.release(conn, origin)
@@ -306,9 +336,11 @@ class UpstreamPool:
                     f"upstream {upstream.url} did not answer in time (ttft timeout)",
                     code="ttft_timeout",
                 ) from exc
-            except BaseException:
+            except BaseException as exc:
                 # Cancelled (the client left): the request must not stay open upstream.
                 upstream.outstanding -= 1
+                if attempt is not None:
+                    attempt.failed(exc)
                 if conn is not None:
                     conn.close()
                     self.connections.release(conn, origin)
@@ -317,7 +349,9 @@ class UpstreamPool:
                 self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
             if self.balancer.answered(upstream, head.status, time.monotonic()):
                 self._ejected(upstream, f"answered {head.status}")
-            return Exchange(
+            if attempt is not None:
+                attempt.answered(head.status)
+            exchange = Exchange(
                 self.connections,
                 origin,
                 conn,
@@ -327,6 +361,7 @@ class UpstreamPool:
                 idle_timeout=self.settings.idle_timeout or None,
                 timed_out=functools.partial(self._timed_out, upstream),
             )
+            return exchange, attempt
 
     def _timed_out(self, upstream: UpstreamState, kind: str, exc: UpstreamTimeout) -> None:
         """The exchange's watchdog fired: the first body byte never came (a ttft timeout,

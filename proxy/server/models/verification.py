@@ -45,6 +45,13 @@ _DECODERS: dict[str, MapDecoder] = {}
 _BUILDING: dict[str, asyncio.Task[MapDecoder]] = {}
 
 
+def verdict_label(verdict: Verification | None) -> str:
+    """A sampled stream's verdict as the metric and the trace name it (None: skipped)."""
+    if verdict is None:
+        return "skipped"
+    return "match" if verdict.agreed else "mismatch"
+
+
 class ModelVerification:
     """One model's sampling, decoder and mismatch window."""
 
@@ -99,13 +106,9 @@ class ModelVerification:
         by its ids (`RequestRecord.described`): the proxy's own, and the client's, which is
         only the client's word and may be another client's too."""
         model = self._model
-        if verdict is None:
-            metrics.verify_streams.labels(model, "skipped").inc()
+        metrics.verify_streams.labels(model, verdict_label(verdict)).inc()
+        if verdict is None or verdict.agreed:
             return False
-        if verdict.agreed:
-            metrics.verify_streams.labels(model, "match").inc()
-            return False
-        metrics.verify_streams.labels(model, "mismatch").inc()
         metrics.verify_mismatches.labels(model, token_source).inc()
         # The offset and the request ids find the stream in the logs; the text never is logged.
         log.error(

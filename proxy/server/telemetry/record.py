@@ -8,10 +8,12 @@ name both: a client's id is only its claim, and another client may send the same
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Final
 
 from aiohttp import web
 
@@ -22,7 +24,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """What one request did. Handlers fill in what they know; the middleware logs it."""
 
@@ -31,6 +33,8 @@ class RequestRecord:
     route: str
     # The client's `X-Request-Id`, when it sent one fit for logs and headers.
     client_request_id: str | None = None
+    # The request's trace (32 hex digits), when traces are exported (telemetry/tracing.py).
+    trace_id: str | None = None
     started: float = field(default_factory=time.monotonic)
     mode: str = "local"  # codec | passthrough | local (answered by the proxy itself)
     stream_format: str | None = None
@@ -66,7 +70,7 @@ class RequestRecord:
     def log_fields(self) -> dict[str, object]:
         # Every field is a plain value: a shallow copy (asdict's deep one cost a fifth of a
         # streamed request's own CPU).
-        fields = dict(vars(self))
+        fields = {name: getattr(self, name) for name in _FIELDS}
         fields.pop("started")
         fields.pop("completed")
         # The value the metrics carry (`none` for requests no model applies to), so a log
@@ -78,6 +82,7 @@ class RequestRecord:
         return fields
 
 
+_FIELDS: Final = tuple(field.name for field in dataclasses.fields(RequestRecord))
 RECORD = web.RequestKey("record", RequestRecord)
 
 

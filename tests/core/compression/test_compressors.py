@@ -8,7 +8,7 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.compression.compressors import new_compressor
+from proxy.core.compression.compressors import new_compressor, plain_compressor
 from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries
 from proxy.core.http.content_coding import ContentCoding
 from proxy.core.wire.decoder import FrameDecoder
@@ -102,3 +102,34 @@ def test_zstd_frames_name_the_dictionary(fmt: str) -> None:
     wire = compressor.feed(encoder_for(fmt).encode(Frame((1,)))) + compressor.flush()
     trained_id = zstandard.ZstdCompressionDict(dictionary.data).dict_id()
     assert zstandard.get_frame_parameters(wire).dict_id == trained_id
+
+
+@pytest.mark.parametrize("coding", CODINGS)
+@given(pieces=st.lists(st.tuples(st.binary(max_size=300), st.booleans()), max_size=40))
+def test_a_plain_compressor_decodes_without_anything_else_at_every_flush(
+    coding: ContentCoding, pieces: list[tuple[bytes, bool]]
+) -> None:
+    # JSON responses: a client that lists the coding holds no dictionary of ours.
+    compressor = plain_compressor(coding)
+    assert compressor.coding == coding
+    decompress = incremental_decompressor(coding)
+    fed = wire = decoded = b""
+    for data, sync in pieces:
+        fed += data
+        sent = compressor.feed(data) + (compressor.sync() if sync else b"")
+        wire += sent
+        decoded += decompress(sent)
+        if sync:
+            assert decoded == fed
+    wire += compressor.flush()
+    assert decompress_whole(coding, wire) == fed
+
+
+def test_plain_zstd_names_no_dictionary_and_says_it_is_complete() -> None:
+    compressor = plain_compressor("zstd")
+    whole = compressor.feed(b'data: {"a": 1}\n\n') + compressor.flush()
+    assert zstandard.get_frame_parameters(whole).dict_id == 0
+    # A streaming decoder ends the frame: the end of the body is the end of the stream.
+    decompressor = zstandard.ZstdDecompressor().decompressobj()
+    assert decompressor.decompress(whole) == b'data: {"a": 1}\n\n'
+    assert decompressor.eof

@@ -22,6 +22,7 @@ from proxy.core.http.content_coding import (
     coding_label,
     may_send_zstd,
     negotiate_coding,
+    negotiate_json_coding,
     parse_accept_encoding,
     weight,
 )
@@ -138,7 +139,7 @@ def test_the_curve_is_read_where_it_was_measured_and_between() -> None:
     assert MEASURED_CURVE.at("msgpack", "gzip", 10 * FLUSH_INTERVALS_MS[-1]) == gzip[-1]
     # Not measured: never chosen over a measured coding.
     assert MEASURED_CURVE.at("msgpack-delta", "zstd", 50.0) == float("inf")
-    assert MEASURED_CURVE.at("json", "gzip", 50.0) == float("inf")
+    assert MEASURED_CURVE.at("protobuf-delta", "gzip", 50.0) == float("inf")  # sent as protobuf
 
 
 @pytest.mark.parametrize(
@@ -287,6 +288,66 @@ def test_choice_is_acceptable_sendable_and_smallest(
 )  # fmt: skip
 def test_coding_label_is_bounded(header: str | None, label: str) -> None:
     assert coding_label(header) == label
+
+
+# --- JSON responses (json_compression) ------------------------------------------------------
+
+JSON_FLAT = CodingCurve((0.0,), {"json": {coding: (1.0,) for coding in SERVER_PREFERENCE}}, 50.0)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, "identity"),
+        ("", "identity"),
+        ("gzip, deflate", "gzip"),  # the OpenAI SDK's, on a plain install
+        ("zstd", "zstd"),  # plain zstd: no dictionary, no Codec-Client-Version needed
+        ("gzip, br, zstd", "zstd"),  # a tie on the curve goes by the spec's order
+        ("deflate", "identity"),
+        # Never refused: JSON went out whatever a client accepted before compression existed.
+        ("identity;q=0", "identity"),
+        ("*;q=0", "identity"),
+        ("deflate, identity;q=0", "identity"),
+        ("br;q=0, *", "zstd"),
+    ],
+)
+def test_json_accept_encoding_on_a_flat_curve(header: str | None, expected: str) -> None:
+    assert negotiate_json_coding(header, window_ms=50.0, curve=JSON_FLAT) == expected
+
+
+def test_json_is_measured_and_compressed_json_is_far_smaller() -> None:
+    at = MEASURED_CURVE.at
+    for window in (0.0, 50.0, float("inf")):
+        for coding in ("gzip", "br", "zstd"):
+            assert at("json", coding, window) < at("json", "identity", window) / 10
+
+
+def test_a_json_stream_and_a_whole_json_body_read_the_curve_at_their_windows() -> None:
+    window = MEASURED_CURVE.window_ms(DEFAULTS.flush_interval_ms, DEFAULTS.flush_frames)
+    streamed = negotiate_json_coding("gzip, deflate, br, zstd", window_ms=window)
+    whole = negotiate_json_coding("gzip, deflate, br, zstd", window_ms=float("inf"))
+    at = MEASURED_CURVE.at
+    assert at("json", streamed, window) == min(at("json", c, window) for c in SERVER_PREFERENCE)
+    assert at("json", whole, 1e9) == min(at("json", c, 1e9) for c in SERVER_PREFERENCE)
+
+
+@given(
+    elements=st.lists(st.tuples(CODINGS, QVALUES), max_size=6),
+    window=st.floats(min_value=0, allow_nan=False) | st.just(float("inf")),
+)
+def test_json_choice_is_acceptable_and_smallest_or_identity(
+    elements: list[tuple[str, str]], window: float
+) -> None:
+    header = ", ".join(coding + q for coding, q in elements)
+    accepted = parse_accept_encoding(header)
+    acceptable = [c for c in SERVER_PREFERENCE if weight(accepted, c) > 0]
+    chosen = negotiate_json_coding(header, window_ms=window)
+    if not acceptable:
+        assert chosen == "identity"
+        return
+    assert chosen in acceptable
+    sizes = [MEASURED_CURVE.at("json", c, window) for c in acceptable]
+    assert MEASURED_CURVE.at("json", chosen, window) == min(sizes)
 
 
 @pytest.mark.parametrize("zstd", [True, False])

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.errors import EventTooLarge, UpstreamProtocolError
-from proxy.core.stream.sse import SSEDecoder, SSEEvent
+from proxy.core.stream.sse import EventEnds, SSEDecoder, SSEEvent
 from tests.core.conftest import capture_names, is_event_stream, read_capture
 
 
@@ -397,3 +397,119 @@ def test_arbitrary_bytes_never_raise_anything_but_event_too_large(
 ) -> None:
     with contextlib.suppress(EventTooLarge):
         decode(data.draw(chunkings(body)), max_event_bytes=data.draw(st.integers(1, 400)))
+
+
+# --- EventEnds: where events end, for cutting a stream that is passed on ----------------------
+
+
+def blank_line_ends(body: bytes) -> list[int]:
+    """An independent oracle, byte by byte over the whole stream: the offsets just past every
+    line end that ends an empty line."""
+    ends = []
+    empty = True  # the stream starts a line
+    i = 0
+    while i < len(body):
+        if body[i] in b"\r\n":
+            i += 2 if body[i : i + 2] == b"\r\n" else 1
+            if empty:
+                ends.append(i)
+            empty = True
+        else:
+            empty = False
+            i += 1
+    return ends
+
+
+def cuts(chunks: list[bytes]) -> tuple[int, list[int]]:
+    """(events counted, the stream offset each chunk that ended events was cut at)."""
+    ends = EventEnds()
+    total = offset = 0
+    at: list[int] = []
+    for chunk in chunks:
+        events, end = ends.feed(chunk)
+        assert 0 <= end <= len(chunk)
+        assert (events == 0) == (end == 0)
+        if events:
+            at.append(offset + end)
+        total += events
+        offset += len(chunk)
+    return total, at
+
+
+def check_cuts(
+    body: bytes, chunks: list[bytes], oracle: list[int] | None = None, *, decode: bool = True
+) -> None:
+    """`chunks` (of `body`) are cut where `oracle` (`blank_line_ends(body)`) says; with
+    `decode`, a client holding the stream up to each cut has no event half read."""
+    oracle = blank_line_ends(body) if oracle is None else oracle
+    total, at = cuts(chunks)
+    assert total == len(oracle)
+    offset = 0
+    bounds = []
+    for chunk in chunks:
+        offset += len(chunk)
+        bounds.append(offset)
+    for cut in at:
+        # The last event end in its chunk, or a blank line's CRLF split after its CR: the
+        # event ends at the CR, the end of the chunk.
+        chunk_end = next(b for b in bounds if b >= cut)
+        last = max((e for e in oracle if e <= chunk_end), default=None)
+        if cut != last:
+            assert cut == chunk_end, cut
+            assert body[cut - 1 : cut + 1] == b"\r\n", cut
+            assert cut + 1 in oracle, cut
+        if decode:
+            decoder = SSEDecoder()
+            decoder.feed(body[:cut])
+            assert not decoder.incomplete, cut
+
+
+@pytest.mark.parametrize("name", SSE_CAPTURES)
+def test_event_ends_of_a_capture_split_at_every_offset(name: str) -> None:
+    body = read_capture(name).body
+    oracle = blank_line_ends(body)
+    assert cuts([body]) == (body.count(b"\n\n"), [len(body)])
+    assert len(oracle) == body.count(b"\n\n")
+    check_cuts(body, [body])
+    for offset in range(len(body) + 1):
+        check_cuts(body, [body[:offset], body[offset:]], oracle, decode=False)
+
+
+@pytest.mark.parametrize("eol", [b"\r\n", b"\r"])
+def test_event_ends_with_other_line_endings_split_at_every_offset(eol: bytes) -> None:
+    body = read_capture("vllm-completions-stop-sequence.txt").body.replace(b"\n", eol)
+    oracle = blank_line_ends(body)
+    for offset in range(len(body) + 1):
+        check_cuts(body, [body[:offset], body[offset:]], oracle, decode=False)
+    check_cuts(body, byte_by_byte(body))
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        ([b"data: a\r\n\r", b"\ndata: b\r\n\r\n"], (2, [10, 22])),  # the LF after a CR skipped
+        ([b"data: a\r\n", b"\r\n"], (1, [11])),  # the blank line opens the chunk
+        ([b"data: a\n", b"\n"], (1, [9])),
+        ([b"\n\n\n"], (3, [3])),  # every blank line is a point with nothing half read
+        ([b"data: a\n\ndata: b"], (1, [9])),  # what follows the last end waits
+        ([b"data: a\r", b"\r"], (1, [9])),
+        ([b"", b"\n"], (1, [1])),
+    ],
+)
+def test_event_ends_traps(chunks: list[bytes], expected: tuple[int, list[int]]) -> None:
+    assert cuts(chunks) == expected
+    check_cuts(b"".join(chunks), chunks)
+
+
+@given(st.data(), serialized_streams())
+def test_event_ends_of_any_stream_any_chunking(
+    data: st.DataObject, stream: tuple[bytes, list[SSEEvent], bool]
+) -> None:
+    body = stream[0]
+    check_cuts(body, data.draw(chunkings(body)))
+
+
+@given(st.data(), st.lists(st.sampled_from([b"data: x", b"\r", b"\n", b"\r\n", b": c"])))
+def test_event_ends_of_any_line_ending_soup(data: st.DataObject, pieces: list[bytes]) -> None:
+    body = b"".join(pieces)
+    check_cuts(body, data.draw(chunkings(body)))
