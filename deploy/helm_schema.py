@@ -25,12 +25,14 @@ from proxy.settings import ModelSettings, Option, Settings
 
 SCHEMA = Path(__file__).resolve().parent / "helm" / "codec-proxy" / "values.schema.json"
 
-# Settings the chart derives from other values (mode, port, adminPort, tokenizer.*, models,
+# Settings the chart derives from other values (mode, port, adminPort, tokenizer.*,
+# upstreamProtocol, models,
 # defaultModel, policy.*, apiKeys.*, drainTimeout) or that the image sets (host); `config` may
 # not repeat them. The same list is in templates/_helpers.tpl ("codec-proxy.managedSettings").
 MANAGED = (
     "upstream",
     "tokenizer",
+    "upstream_protocol",
     "models",
     "default_model",
     "host",

@@ -235,8 +235,9 @@ def run_worker(
         app[CONFIG_SOURCE] = source
     served = app[SERVED_MODELS]
     for model in served:
-        for caveat in model.vocabulary.map_content.caveats:
-            log.warning("tokenizer map %s: %s", model.published.id, caveat)
+        if not model.speaks_codec:
+            for caveat in model.vocabulary.map_content.caveats:
+                log.warning("tokenizer map %s: %s", model.published.id, caveat)
 
     def announce() -> None:
         if index:
@@ -260,10 +261,15 @@ def announcement(settings: Settings, served: ServedModels) -> list[str]:
         )
     for model in served:
         named = "" if model.config.any_name else f"{model.name}: "
+        upstreams = without_credentials(", ".join(model.config.upstreams))
+        if model.speaks_codec:
+            lines.append(f"  {named}-> {upstreams} (Codec upstream: JSON rendered from its frames)")
+            continue
+        tokenizer = model.config.tokenizer
+        assert tokenizer is not None  # settings.py: every JSON upstream's model has one
         lines.append(
-            f"  {named}-> {without_credentials(', '.join(model.config.upstreams))} (tokenizer "
-            f"{model.config.tokenizer.name}, vocab {model.vocabulary.loaded.vocab_size}, "
-            f"map {model.published.header_value})"
+            f"  {named}-> {upstreams} (tokenizer {tokenizer.name}, vocab "
+            f"{model.vocabulary.loaded.vocab_size}, map {model.published.header_value})"
         )
     return lines
 
@@ -280,7 +286,7 @@ def check_config(args: argparse.Namespace) -> int:
         print(f"codec-proxy: {exc.message}", file=sys.stderr)
         return 2
     for model in settings.model_list():
-        if not model.tokenizer.exists():
+        if model.tokenizer is not None and not model.tokenizer.exists():
             where = "" if not settings.models else f"model {model.name!r}: "
             print(f"codec-proxy: {where}'tokenizer' {model.tokenizer} does not exist",
                   file=sys.stderr)  # fmt: skip

@@ -361,7 +361,10 @@ def read(
             put("command line", name, raw, from_text=False)
     if require and not values.get("models"):
         # One model by flags or keys, or several in the file's `models` list.
-        missing = [known[n] for n in ("upstream", "tokenizer") if not values.get(n)]
+        # A Codec upstream's published map is its tokenizer (settings.py).
+        needed = ("upstream",) if values.get("upstream_protocol") == "codec" else (
+            "upstream", "tokenizer")  # fmt: skip
+        missing = [known[n] for n in needed if not values.get(n)]
         if missing:
             field = missing[0]
             raise ConfigError(

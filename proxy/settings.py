@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from proxy.core.backend.balancer import DEFAULT_MAX_EJECTION_PERCENT, DEFAULT_PANIC_THRESHOLD
 from proxy.core.backend.kind import BackendSetting
@@ -52,6 +52,16 @@ def option(default: Any = dataclasses.MISSING, help: str = "", **checks: Any) ->
     return dataclasses.field(default=default, metadata={"option": Option(help, **checks)})
 
 
+# What the upstream speaks (docs/DEPLOY.md "Codec on the long hop"): `json`, an OpenAI server
+# whose JSON-SSE the proxy turns into Codec; `codec`, a Codec server (another codec-proxy, an
+# engine that speaks Codec) whose frames the proxy turns back into JSON for its clients.
+UpstreamProtocol = Literal["json", "codec"]
+# The frame formats the proxy asks a Codec upstream for (both render the same; protobuf is the
+# smaller on the wire, docs/ENDPOINTS.md).
+UpstreamStreamFormat = Literal["protobuf", "msgpack"]
+CODEC: Final = "codec"
+
+
 # The name a model goes by when it is configured with `upstream`/`tokenizer` and no `model`:
 # in metrics and logs only, since such a model serves any name a request gives.
 UNNAMED_MODEL = "default"
@@ -69,8 +79,11 @@ class ModelSettings:
     upstreams: tuple[str, ...] = option(
         help="its backend base URLs (balanced, health-checked, retried as `upstream`)", url=True
     )
-    tokenizer: Path = option(
-        help="its tokenizer: a GGUF file, a tokenizer.json, a directory or a map"
+    # Not with upstream_protocol = "codec": the upstream's published map is the tokenizer.
+    tokenizer: Path | None = option(
+        None,
+        help="its tokenizer: a GGUF file, a tokenizer.json, a directory or a map "
+        "(required unless its upstream_protocol is codec)",
     )
     aliases: tuple[str, ...] = option((), help="other names clients may use for it")
     # vLLM serves the names given by --served-model-name and 404s others; an alias the
@@ -102,6 +115,10 @@ class ModelSettings:
         help="its share of `max_streams`, 503 beyond (default: half of it with several models)",
         minimum=1,
     )
+    upstream_protocol: UpstreamProtocol | None = option(None, help="overrides `upstream_protocol`")
+    upstream_stream_format: UpstreamStreamFormat | None = option(
+        None, help="overrides `upstream_stream_format`"
+    )
 
     def __post_init__(self) -> None:
         tokenizer: object = self.tokenizer
@@ -126,7 +143,7 @@ class ModelConfig:
     name: str
     names: tuple[str, ...]
     upstreams: tuple[str, ...]
-    tokenizer: Path
+    tokenizer: Path | None  # None: a Codec upstream, whose published map is the tokenizer
     # The name the upstream knows the model by, sent in place of the client's.
     upstream_model: str | None
     # What a request that names no model is sent upstream with (None: the upstream's only one).
@@ -144,6 +161,8 @@ class ModelConfig:
     flush_frames: int
     # Its share of the process's `max_streams` (which still holds for every model together).
     max_streams: int
+    upstream_protocol: UpstreamProtocol = "json"
+    upstream_stream_format: UpstreamStreamFormat = "protobuf"
     # `upstream`/`tokenizer`: any name a request gives is this model, as before there were
     # several (a `models` list routes by name).
     any_name: bool = False
@@ -161,7 +180,8 @@ class Settings:
     )
     tokenizer: Path | None = option(
         None,
-        help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory",
+        help="the backend model's tokenizer: a GGUF file, a tokenizer.json, or its directory "
+        "(required unless upstream_protocol is codec)",
     )
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8080, help="port to listen on", minimum=0, maximum=65535)
@@ -190,6 +210,18 @@ class Settings:
     default_model: str | None = option(
         None,
         help="with models: the model for requests that name none (default: the first listed)",
+    )
+
+    # The two-proxy recipe: the hop between the proxies carries Codec, each end speaks JSON to
+    # its side (docs/DEPLOY.md "Codec on the long hop").
+    upstream_protocol: UpstreamProtocol = option(
+        "json",
+        help="what the upstream speaks: json (an OpenAI server; Codec clients get frames made "
+        "from its JSON) or codec (a Codec server; JSON clients get JSON rendered from its "
+        "frames, and no tokenizer is needed)",
+    )
+    upstream_stream_format: UpstreamStreamFormat = option(
+        "protobuf", help="with upstream_protocol = codec: the frame format asked of the upstream"
     )
 
     # --- limits ---
@@ -480,13 +512,37 @@ class Settings:
                     )
             if self.default_model is not None and self.default_model not in seen:
                 raise ValueError(f"'default_model' {self.default_model!r} is not a listed model")
+        else:
+            if self.default_model is not None:
+                raise ValueError("'default_model' needs a 'models' list")
+            if not self.upstream:
+                raise ValueError("'upstream' needs at least one URL")
+        for model in self.model_list():
+            self._check_protocol(model)
+
+    def _check_protocol(self, model: ModelConfig) -> None:
+        """What a model's upstream protocol needs, and what it has no use for."""
+        where = f"model {model.name!r}: " if self.models else ""
+        if model.upstream_protocol != CODEC:
+            if model.tokenizer is None:
+                raise ValueError(f"{where}'tokenizer' is required")
             return
-        if self.default_model is not None:
-            raise ValueError("'default_model' needs a 'models' list")
-        if not self.upstream:
-            raise ValueError("'upstream' needs at least one URL")
-        if self.tokenizer is None:
-            raise ValueError("'tokenizer' is required")
+        # One source for the map a Codec upstream's IDs follow: the upstream's own, pinned by
+        # its digest. A local tokenizer could only disagree with it.
+        unused = [name for name, value in (("tokenizer", model.tokenizer),
+                  ("map_id", model.map_id), ("zstd_dicts", model.zstd_dicts)) if value]  # fmt: skip
+        if unused:
+            raise ValueError(
+                f'{where}{unused[0]!r} is not used with upstream_protocol = "codec": the '
+                "upstream's published map is the tokenizer; leave it out"
+            )
+        if self.safety_policy is not None:
+            # The policy is compiled against a tokenizer and applied to the upstream's text;
+            # police at the Codec server, whose clients this proxy's are.
+            raise ValueError(
+                f"{where}'safety_policy' cannot police a model with upstream_protocol = "
+                '"codec"; set it on the Codec server upstream'
+            )
 
     @property
     def probe_port(self) -> int:
@@ -496,7 +552,6 @@ class Settings:
     def model_list(self) -> tuple[ModelConfig, ...]:
         """Every model, the default first, with each unset key taken from the top level."""
         if not self.models:
-            assert self.tokenizer is not None  # __post_init__
             entry = ModelSettings(
                 name=self.model or UNNAMED_MODEL,
                 upstreams=self.upstream,
@@ -538,6 +593,8 @@ class Settings:
             flush_interval_ms=pick("flush_interval_ms"),
             flush_frames=pick("flush_frames"),
             max_streams=entry.max_streams or self.model_max_streams(),
+            upstream_protocol=pick("upstream_protocol"),
+            upstream_stream_format=pick("upstream_stream_format"),
             any_name=single,
             is_default=default,
         )

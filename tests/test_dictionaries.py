@@ -21,6 +21,7 @@ from proxy.core.compression.dictionaries import (
     DictionaryError,
     LoadedZstdDictionary,
     ZstdDictionaries,
+    declared_dictionaries,
     parse_manifest,
     sha256_hex,
     vocabulary_sha256,
@@ -30,6 +31,7 @@ from proxy.core.wire.frames import encoder_for
 from proxy.dictionaries.load import load_dictionaries
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST
 from proxy.tokenizers import LoadedTokenizer
+from tests.compression_support import shipped_dictionaries
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "dictionaries"
@@ -223,3 +225,21 @@ def test_training_is_reproducible(tmp_path: Path, smollm2_gguf: Path) -> None:
     assert outputs[0] == outputs[1]
     # The trained dictionary loads like the shipped ones.
     assert len(load_dictionaries(tmp_path / "a" / "manifest.json")) == 1
+
+
+def test_a_map_documents_dictionaries_read_back_by_format_and_digest() -> None:
+    records = [r.to_json() for r in shipped_dictionaries().records]
+    document = {
+        "zstd_dictionaries": [
+            *records,
+            {"format": "json", "hash": records[0]["hash"]},  # not a wire format
+            {"format": "msgpack", "hash": "sha256:abc"},  # no whole digest
+            {"format": "msgpack"},
+            "not an entry",
+        ]
+    }
+    assert declared_dictionaries(document) == tuple(
+        (r["format"], r["hash"].removeprefix("sha256:")) for r in records
+    )
+    assert declared_dictionaries({}) == ()
+    assert declared_dictionaries({"zstd_dictionaries": {"format": "msgpack"}}) == ()

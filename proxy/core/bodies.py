@@ -15,6 +15,9 @@ what arrived, `on_deadline` when the deadline passed first, `flush` at the upstr
   on the same schedule at event ends only; `CompressedWholeBody`: any other JSON body,
   compressed whole (`json_compression`, proxy/core/http/json_coding.py).
 
+(One more kind lives with the renderer: `RenderedResponseBody`, proxy/core/render/response.py,
+a Codec upstream's frames rendered as OpenAI JSON.)
+
 Before the response starts the edge reads until the body is `ready` (its status and headers
 can be decided), so a failure up to then is still a clean HTTP error.
 """

@@ -2,12 +2,13 @@
 
     OpenAI(base_url="http://proxy:8080/v1", http_client=httpx.Client(transport=CodecTransport()))
 
-For each request the SDK makes, the transport decides (plan.py) whether to ask for Codec. If so,
-it sends the same request with `stream_format`, `Codec-Client-Version` and an `Accept-Encoding`
-it can decode (dictionary zstd included), loads the map and dictionary the response names
-(assets.py), and hands the SDK a `text/event-stream` response whose body is rendered from the
-frames as they arrive (proxy/core/render/). Everything else goes through untouched, and so does
-the JSON repeat of a request Codec was refused for. The SDK never knows.
+For each request the SDK makes, the transport decides (proxy/core/render/ask.py) whether to ask
+for Codec. If so, it sends the same request with `stream_format`, `Codec-Client-Version` and an
+`Accept-Encoding` it can decode (dictionary zstd included), loads the map and dictionary the
+response names (proxy/core/render/assets.py), and hands the SDK a `text/event-stream` response
+whose body is rendered from the frames as they arrive (proxy/core/render/). Everything else
+goes through untouched, and so does the JSON repeat of a request Codec was refused for. The SDK
+never knows.
 
 The rendered response keeps the Codec response's other headers (`Codec-*`, `X-Request-Id`), so
 `with_raw_response` shows what was on the wire; its `Content-Type` is `text/event-stream`, its
@@ -32,14 +33,10 @@ except ImportError as exc:  # httpx is an extra: the proxy itself does not need 
 
 from proxy.core.compression.decompressors import new_decompressor
 from proxy.core.compression.dictionaries import dictionary_url
+from proxy.core.http.content_coding import codec_accept_encoding
 from proxy.core.maps.discovery import map_path_by_digest
 from proxy.core.maps.tokenizer_map import digest_of_header
-from proxy.core.render.body import FrameFormat, RenderedBody, response_stream_format
-from proxy.core.render.openai import Envelope, SseRenderer
-from proxy.core.render.turn import TextRules
-from proxy.core.verify.map_decoder import MapDecoder
-from proxy.sdk.assets import CodecAssets, dictionary_digest
-from proxy.sdk.plan import (
+from proxy.core.render.ask import (
     CLIENT_VERSION,
     DEFAULT_REMEMBER_SECONDS,
     CodecAsk,
@@ -48,6 +45,10 @@ from proxy.sdk.plan import (
     codec_ask,
     fallback_for,
 )
+from proxy.core.render.assets import CodecAssets, dictionary_digest
+from proxy.core.render.body import FrameFormat, RenderedBody, response_stream_format
+from proxy.core.render.response import envelope_for, renderer_for
+from proxy.core.verify.map_decoder import MapDecoder
 
 __all__ = ["AsyncCodecTransport", "CodecStats", "CodecTransport"]
 
@@ -56,7 +57,7 @@ AskedFormat = Literal["msgpack", "protobuf"]
 _MEDIA_TYPES: Final = {"msgpack": "application/x-msgpack", "protobuf": "application/x-protobuf"}
 # Every coding the renderer's body decodes; the proxy picks the one smallest for its flush
 # schedule among them (proxy/core/http/content_coding.py), zstd only with a dictionary.
-DEFAULT_ACCEPT_ENCODING: Final = "zstd, br, gzip"
+DEFAULT_ACCEPT_ENCODING: Final = codec_accept_encoding(zstd=True)
 # Headers of the SDK's request that the Codec request sets itself.
 _REPLACED: Final = frozenset(
     {"accept", "accept-encoding", "codec-client-version", "content-length", "transfer-encoding"}
@@ -187,12 +188,6 @@ class _CodecTransportBase:
             raise _Unavailable("no_zstd_dictionary")
         return digest, dictionary_url(digest)
 
-    def _envelope(self, ask: CodecAsk, response: httpx.Response) -> Envelope:
-        # The proxy echoes the request's id (or names its own) in X-Request-Id.
-        request_id = response.headers.get("x-request-id") or uuid.uuid4().hex
-        prefix = "chatcmpl" if ask.endpoint == "chat" else "cmpl"
-        return Envelope(ask.endpoint, f"{prefix}-{request_id}", int(self._wall_clock()), ask.model)
-
     def _rendered_body(
         self,
         ask: CodecAsk,
@@ -201,11 +196,13 @@ class _CodecTransportBase:
         decoder: MapDecoder,
         dictionary: bytes | None,
     ) -> RenderedBody:
-        # With the backend's IDs, a tool-call turn's frames carry its markup (render/turn.py).
-        backend = response.headers.get("codec-token-source", "").strip().lower() == "backend"
-        rules = TextRules(stop=ask.rules.stop, backend_ids=backend)
-        renderer = SseRenderer(
-            decoder, self._envelope(ask, response), rules=rules, include_usage=ask.include_usage
+        # The proxy echoes the request's id (or names its own) in X-Request-Id.
+        request_id = response.headers.get("x-request-id") or uuid.uuid4().hex
+        renderer = renderer_for(
+            ask,
+            decoder,
+            envelope=envelope_for(ask, request_id, int(self._wall_clock())),
+            codec_token_source=response.headers.get("codec-token-source"),
         )
         decompressor = new_decompressor(response.headers.get("content-encoding"), dictionary)
         return RenderedBody(renderer, stream_format, decompressor)

@@ -85,7 +85,7 @@ def create_app(
     # Before the tokenizers load (the CLI has checked it before the workers start).
     traces = tracing_config(settings.otlp_traces_endpoint)
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
-    live = build_live(settings, {model.name: model.vocabulary for model in served})
+    live = build_live(settings, {m.name: m.vocabulary for m in served if not m.speaks_codec})
     # With an admin listener the probes and the proxy's metrics are there, and these paths are
     # relayed here like any other (server/control/admin.py).
     probes = settings.admin_port is None

@@ -96,6 +96,8 @@ TARGETS = (
     Target("helm/sidecar", "sidecar"),
     Target("helm/multimodel", "standalone"),
     Target("helm/inferencepool", "sidecar"),
+    # The client side of the two-proxy recipe: a Codec upstream, no tokenizer at all.
+    Target("helm/edge", "standalone"),
 )
 
 

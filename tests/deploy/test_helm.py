@@ -26,8 +26,8 @@ from tests.deploy.rendering import (
     proxy_pod,
 )
 
-VALUES = (None, "standalone", "sidecar", "multimodel", "inferencepool")  # None: the defaults
-VALUE_IDS = ["defaults", "standalone", "sidecar", "multimodel", "inferencepool"]
+VALUES = (None, "standalone", "sidecar", "multimodel", "inferencepool", "edge")  # None: defaults
+VALUE_IDS = ["defaults", "standalone", "sidecar", "multimodel", "inferencepool", "edge"]
 
 
 def values_args(name: str | None) -> list[str | Path]:
@@ -85,7 +85,8 @@ def test_the_schema_lists_every_setting_the_chart_does_not_set() -> None:
     # A `models` entry takes every key of the config file's entries.
     entry = schema["properties"]["models"]["items"]
     assert list(entry["properties"]) == [f.name for f in dataclasses.fields(ModelSettings)]
-    assert entry["required"] == ["name", "upstreams", "tokenizer"]
+    # A Codec upstream's model has no tokenizer; the chart refuses a JSON one's missing.
+    assert entry["required"] == ["name", "upstreams"]
     version = typing.get_type_hints(Settings)["version_policy"]
     assert typing.get_origin(version) is Literal
     assert schema["properties"]["policy"]["properties"]["version"]["enum"] == list(
@@ -174,6 +175,13 @@ def test_secrets_are_refused_under_config(helm: Path, name: str) -> None:
          "inferencePool.enabled needs adminPort"),
         (["--set", "inferencePool.endpointPicker.name=", *map(str, values_args("inferencepool"))],
          "inferencePool.endpointPicker.name"),
+        # A Codec upstream's map is the tokenizer: one given too is refused, not ignored.
+        (["--set", "tokenizer.path=tokenizer.json", *map(str, values_args("edge"))],
+         "leave tokenizer at its default"),
+        (["--set", "upstreamProtocol=grpc"], "upstreamProtocol"),
+        (["--set-json", 'models[0].upstream_protocol="codec"',
+          *map(str, values_args("multimodel"))],
+         "models[0].tokenizer: model llama-3.1-8b's upstream speaks Codec"),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused(helm: Path, args: list[str], message: str) -> None:
@@ -239,6 +247,29 @@ def test_tokenizer_sources(
     assert mount["readOnly"] is True
     if volume is not None:
         assert volume in pod.volume(mount["name"])
+
+
+def test_a_codec_upstreams_model_beside_others_loads_no_tokenizer(
+    helm: Path, tmp_path: Path
+) -> None:
+    values = yaml.safe_load((CHART / "ci" / "multimodel-values.yaml").read_text())
+    edge = {"name": "far-away", "upstreams": ["https://codec.example.com"],
+            "upstream_protocol": "codec"}  # fmt: skip
+    values["models"].append(edge)
+    file = tmp_path / "values.yaml"
+    file.write_text(yaml.safe_dump(values))
+    docs = helm_template(helm, "-f", file)
+    models = {m.name: m for m in effective_settings(docs).settings.model_list()}
+    assert models["far-away"].upstream_protocol == "codec"
+    assert models["far-away"].tokenizer is None
+    others = [m for name, m in models.items() if name != "far-away"]
+    assert all(m.upstream_protocol == "json" and m.tokenizer is not None for m in others)
+    pod = proxy_pod(docs)
+    assert all(pod.mount_for(pod.container(), str(m.tokenizer)) is not None for m in others)
+    # The fourth entry's would be codec-proxy-tokenizer-3: there is none.
+    names = [v["name"] for v in pod.spec["volumes"]]
+    assert "codec-proxy-tokenizer-0" in names
+    assert "codec-proxy-tokenizer-3" not in names
 
 
 def test_image_by_digest(helm: Path) -> None:

@@ -87,6 +87,7 @@ def test_the_models_reach_the_config_file(
     assert smollm.drift_check_interval == 600
     assert llama.drift_check_interval == settings.drift_check_interval
     for model in models.values():
+        assert model.tokenizer is not None
         assert PurePosixPath(f"/models/{model.name}") in {
             PurePosixPath(model.tokenizer),
             *PurePosixPath(model.tokenizer).parents,
@@ -214,6 +215,8 @@ def test_the_chart_writes_each_entry_as_given(helm: Path, tmp_path: Path) -> Non
         "flush_interval_ms": 5,
         "flush_frames": 4,
         "max_streams": 64,
+        "upstream_protocol": "json",
+        "upstream_stream_format": "msgpack",
     }
     assert set(entry) | {"name", "upstreams", "tokenizer"} == {
         f.name for f in dataclasses.fields(ModelSettings)

@@ -88,6 +88,25 @@ class LoadedZstdDictionary:
         return cls(record, data, zstd_dict, level)
 
 
+def declared_dictionaries(document: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(wire format, 64-hex sha256) of each dictionary a tokenizer map document lists in
+    `zstd_dictionaries[]`, as a client of its server reads them: the `hash` is what it fetches
+    by (its `url` is the server's idea of its own origin); entries for a format it does not
+    know, or without a whole lowercase digest, are skipped."""
+    entries = document.get("zstd_dictionaries")
+    declared: list[tuple[str, str]] = []
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        fmt, hash_ = entry.get("format"), entry.get("hash")
+        if fmt not in WIRE_FORMATS or not isinstance(hash_, str):
+            continue
+        digest = hash_.removeprefix("sha256:")
+        if hash_.startswith("sha256:") and is_sha256_hex(digest):
+            declared.append((fmt, digest))
+    return tuple(declared)
+
+
 class ZstdDictionaries:
     """The loaded dictionaries, at most one per wire format; immutable once built."""
 

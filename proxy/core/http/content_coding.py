@@ -159,6 +159,14 @@ def may_send_zstd(*, zstd_dictionary: bool, codec_client: ClientVersion | None) 
     )
 
 
+def codec_accept_encoding(*, zstd: bool) -> str:
+    """The `Accept-Encoding` a client of a Codec server sends: every coding the streaming
+    decompressors undo (compression/decompressors.py), in the spec's order, and `zstd` only when
+    the client can hold the dictionary the response will name (it cannot decode it otherwise).
+    The server picks among them (`negotiate_coding` is codec-proxy's pick)."""
+    return ", ".join(c for c in SERVER_PREFERENCE if c != IDENTITY and (zstd or c != ZSTD))
+
+
 def negotiate_coding(
     accept_encoding: str | None,
     *,

@@ -5,7 +5,8 @@ Paths (codec-spec.md §3.5): `maps/<id>.json` (the map inline, Form B, or for a 
 `POINTER_ABOVE_BYTES` a Form A pointer `{id, url, hash}` to its content-addressed copy, as the
 discovery convention prefers for maps over ~10 KB), `maps/inline/<id>.json` (always inline),
 `maps/sha256/<hex>.json` (content-addressed, the I-D's SHOULD), `index.json`
-(`{codec_version, maps: [{id, url, hash, models, zstd_dictionaries}]}`).
+(`{codec_version, maps: [{id, url, hash, models, zstd_dictionaries}]}`). `read_index` is the
+other side: a Codec server's index as a client of it reads it.
 
 The path is read raw, as the client sent it: a valid id never needs percent-encoding, so any
 `%` (an encoded `/`, `.` or anything else) names nothing, and neither does an id that fails
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from proxy.core.errors import ConfigError
+from proxy.core.errors import ConfigError, UpstreamProtocolError
 from proxy.core.http.content_coding import parse_accept_encoding, weight
 from proxy.core.maps.ids import CONTENT_ADDRESSED_PREFIX, INLINE_PREFIX, map_id_problem
 from proxy.core.maps.tokenizer_map import PublishedMap
@@ -197,6 +198,53 @@ def index_body(origin: str, entries: Sequence[IndexEntry | PublishedMap]) -> byt
         documents.append(document)
     document = {"codec_version": INDEX_CODEC_VERSION, "maps": documents}
     return orjson.dumps(document, option=orjson.OPT_APPEND_NEWLINE)
+
+
+@dataclass(frozen=True)
+class IndexPointer:
+    """One map of a Codec server's `index.json`: its id, the digest its bytes hash to, and the
+    model names the server lists for it (none: the server did not say)."""
+
+    map_id: str
+    digest: str
+    models: tuple[str, ...] = ()
+
+
+def read_index(body: bytes) -> tuple[IndexPointer, ...]:
+    """A Codec server's `index.json` as a client reads it: the pointers whose `hash` is a whole
+    sha256 (a map can only be pinned by one); other entries are skipped. `url` is not read: a
+    map is fetched by its digest from the server's own content-addressed path, and the digest
+    is what is trusted. `UpstreamProtocolError` when the body is no index at all."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamProtocolError(f"index.json is not JSON: {exc}") from exc
+    entries = document.get("maps") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise UpstreamProtocolError("index.json has no 'maps' list")
+    pointers = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        map_id, hash_ = entry.get("id"), entry.get("hash")
+        if not isinstance(map_id, str) or not isinstance(hash_, str):
+            continue
+        digest = hash_.removeprefix("sha256:")
+        if not hash_.startswith("sha256:") or not _DIGEST.fullmatch(digest):
+            continue
+        models = entry.get("models")
+        names = tuple(m for m in models if isinstance(m, str)) if isinstance(models, list) else ()
+        pointers.append(IndexPointer(map_id, digest, names))
+    return tuple(pointers)
+
+
+def pointer_for(pointers: Sequence[IndexPointer], names: Sequence[str]) -> IndexPointer | None:
+    """The map a server lists for a model it knows by one of `names`; without such an entry,
+    its only map (a server of one model need not name it); else None: nothing says which."""
+    for pointer in pointers:
+        if any(name in pointer.models for name in names):
+            return pointer
+    return pointers[0] if len(pointers) == 1 else None
 
 
 def entity_tag(digest: str) -> str:

@@ -136,13 +136,7 @@ def codec_plan(
     model = model_of(request)
     live = config_of(request)
     config = live.model(model.name)
-    request[RECORD].mode = "codec"  # refused or not, a Codec request
-    try:
-        check_access(request, model)
-        client = codec_gate(request)
-    except ProxyError as exc:
-        _refused(request, model.name, exc.code or "refused")
-        raise
+    client = admit_codec(request, model)
     encoder = encoder_for(
         stream_format, prefixed_msgpack=wants_prefixed_msgpack(request.headers.get("Accept"))
     )
@@ -168,6 +162,18 @@ def codec_plan(
         coding=coding,
         zstd_dictionary=dictionary if coding == ZSTD else None,
     )
+
+
+def admit_codec(request: web.Request, model: ServedModel) -> ClientVersion:
+    """A Codec request's admission, before any upstream contact: the rollout switches (403)
+    and the version gate (426), counted when they refuse. The client's version."""
+    request[RECORD].mode = "codec"  # refused or not, a Codec request
+    try:
+        check_access(request, model)
+        return codec_gate(request)
+    except ProxyError as exc:
+        _refused(request, model.name, exc.code or "refused")
+        raise
 
 
 def _refused(request: web.Request, model: str, reason: str) -> None:

@@ -43,6 +43,7 @@ from proxy.core.shown import quoted
 from proxy.core.wire.codec_request import decode_codec_request
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.server.control.codec import codec_plan, serve_codec
+from proxy.server.control.codec_upstream import relay_codec_request, serve_from_codec
 from proxy.server.control.headers import combined_header, request_target
 from proxy.server.control.policed_json import police_json
 from proxy.server.control.relay import relay
@@ -121,6 +122,10 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     parsed = await off_loop(len(body), lambda: endpoint.parse_request(body, limits))
     model = route_request(request, parsed.body.get("model"))
     _traced(request, endpoint, parsed.body.get("model"))
+    if model.speaks_codec:
+        return await _from_codec_upstream(
+            request, endpoint, model, raw, parsed.body, codec=parsed.is_codec
+        )
     if not parsed.is_codec:
         # JSON is not Codec traffic: never refused for its version. Passed through byte for
         # byte (coding and all) unless a safety policy must read it.
@@ -139,6 +144,29 @@ async def _path_a(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         stream_format=parsed.stream_format,
     )
     return await serve_codec(request, plan)
+
+
+async def _from_codec_upstream(
+    request: web.Request,
+    endpoint: Endpoint,
+    model: ServedModel,
+    raw: bytes,
+    fields: dict[str, Any],
+    *,
+    codec: bool,
+) -> web.StreamResponse:
+    """A model whose upstream speaks Codec (server/control/codec_upstream.py): a Codec client's
+    request goes up as it is; a JSON one is asked as Codec and rendered, or relayed."""
+    renamed = _renamed(fields, model)
+    if codec:
+        if renamed is None:
+            return await relay_codec_request(request, model, raw)
+        return await relay_codec_request(request, model, renamed, drop=("content-encoding",))
+    if renamed is not None:
+        fields = {**fields, "model": model.config.upstream_model}
+    return await serve_from_codec(
+        request, endpoint, fields, lambda: _relay_renamed(request, raw, renamed)
+    )
 
 
 def _renamed(fields: Mapping[str, Any], model: ServedModel) -> bytes | None:
@@ -171,7 +199,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions_codec(request: web.Request) -> web.StreamResponse:
     model = route_request(request, request.headers.get(MODEL_HEADER))
     _traced(request, COMPLETIONS, request.headers.get(MODEL_HEADER))
-    _, body = await read_body(request)
+    raw, body = await read_body(request)
+    if model.speaks_codec:
+        # The upstream reads Path B itself; its prompt IDs are checked there, against its map.
+        return await relay_codec_request(request, model, raw)
     content_type = request.headers.get("Content-Type")
     limits = model_limits(request, model)
     parsed = await off_loop(len(body), lambda: decode_codec_request(body, content_type, limits))

@@ -163,6 +163,8 @@ def _index_entries(request: web.Request) -> list[IndexEntry]:
     """One entry per map, naming every model served with it and their dictionaries."""
     entries: dict[str, IndexEntry] = {}
     for model in request.app[SERVED_MODELS]:
+        if model.speaks_codec:
+            continue  # its map is the upstream's, listed in the upstream's index
         published = model.published
         entry = entries.get(published.digest, IndexEntry(published))
         dictionaries = tuple((r.format, r.hash.removeprefix("sha256:"))
@@ -219,7 +221,7 @@ async def dictionary(request: web.Request) -> web.Response:
     if found is None:
         return _not_found(request)
     return web.Response(
-        body=found.data,
+        body=found,
         content_type="application/octet-stream",
         headers=dict([CORS_ALLOW_ORIGIN, ("Cache-Control", IMMUTABLE_CACHE_CONTROL)]),
     )
@@ -240,9 +242,10 @@ async def maps(request: web.Request) -> web.StreamResponse:
         return _small_reply(request, pointer_body(origin, published), cache_control)
     if isinstance(target, MapInline) and (published := store.by_id(target.map_id)) is not None:
         return await _map_reply(request, published, SHORT_CACHE_CONTROL)
-    if (
-        isinstance(target, MapByDigest)
-        and (published := store.by_digest(target.digest)) is not None
+    if isinstance(target, MapByDigest) and (
+        (published := store.by_digest(target.digest)) is not None
+        # A Codec upstream's map, verified: the answers relayed to Codec clients name it.
+        or (published := request.app[SERVED_MODELS].pinned_map(target.digest)) is not None
     ):
         return await _map_reply(request, published, IMMUTABLE_CACHE_CONTROL)
     return _not_found(request)

@@ -7,6 +7,11 @@ whose backend stalls fills its own share of `max_streams` (`models[].max_streams
 others'. The one upstream `ClientSession` (one connection pool, `pool_limit`) and `max_streams`
 itself are shared: they bound the process, not a model.
 
+A model whose upstream speaks Codec (`upstream_protocol = "codec"`) has none of the tokenizer
+side (vocabulary, published map, dictionaries, drift check, verification): the upstream's own
+map is its tokenizer, fetched and pinned by digest (`UpstreamMaps`, upstream_maps.py), and
+`/readyz` says whether it is.
+
 `SERVED_MODELS` is set by the app factory; the pools, health loops and drift checks start in
 `served_models_context` (cleanup_ctx). A request's model is routed once and kept on it (`MODEL`).
 """
@@ -25,9 +30,10 @@ from aiohttp import web
 from proxy.core.backend.drift import DriftState, DriftVerdict
 from proxy.core.backend.readiness import Readiness
 from proxy.core.backend.routing import NO_MODEL, UNKNOWN_MODEL, ModelRoutes
-from proxy.core.compression.dictionaries import LoadedZstdDictionary, ZstdDictionaries
+from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.errors import BadRequest, ConfigError, ProxyError
 from proxy.core.maps.tokenizer_map import PublishedMap
+from proxy.core.render.assets import CodecAssets
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish
@@ -39,11 +45,13 @@ from proxy.server.data.upstreams import (
 )
 from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.live import Live
+from proxy.server.models.upstream_maps import UpstreamMaps
 from proxy.server.models.upstream_models import UpstreamModels
 from proxy.server.models.verification import ModelVerification
 from proxy.server.telemetry.metrics import Metrics
 from proxy.server.telemetry.record import RECORD
 from proxy.settings import (
+    CODEC,
     DEFAULT_DICTIONARIES_MANIFEST,
     DEFAULT_MAX_PROMPT_IDS,
     ModelConfig,
@@ -54,27 +62,61 @@ from proxy.tokenizers.vocabulary import Vocabulary
 
 log = logging.getLogger("codec_proxy")
 
+# The IDs a frame can carry (uint32): what a token-ID prompt is checked against when the model
+# has no vocabulary of its own yet (a Codec upstream's map not pinned), the upstream checking it.
+_FRAME_ID_LIMIT = 1 << 32
+
 
 class ServedModel:
-    """One model: what was built for it at start, and its upstream side once running."""
+    """One model: what was built for it at start, and its upstream side once running.
+
+    A model behind a Codec upstream (`speaks_codec`) has no `vocabulary`, `published` map or
+    `verification` (reading them is a bug), and its `upstream_maps` once running."""
 
     def __init__(
         self,
         config: ModelConfig,
-        vocabulary: Vocabulary,
+        vocabulary: Vocabulary | None,
         dictionaries: ZstdDictionaries,
-        published: PublishedMap,
+        published: PublishedMap | None,
     ) -> None:
         self.config = config
         self.name = config.name  # also its metric label
-        self.vocabulary = vocabulary
+        self._vocabulary = vocabulary
         self.dictionaries = dictionaries
-        self.published = published
+        self._published = published
         self.readiness = Readiness()
-        self.verification = ModelVerification(config.name, published, self.readiness)
+        self._verification = (
+            None if published is None
+            else ModelVerification(config.name, published, self.readiness)
+        )  # fmt: skip
         self._pool: UpstreamPool | None = None
         self._listing: UpstreamModels | None = None
         self.drift: DriftMonitor | None = None
+        self.upstream_maps: UpstreamMaps | None = None
+
+    @property
+    def speaks_codec(self) -> bool:
+        """The upstream speaks Codec: JSON clients get JSON rendered from its frames."""
+        return self.config.upstream_protocol == CODEC
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        if self._vocabulary is None:
+            raise RuntimeError(f"model {self.name!r}: a Codec upstream's model has no tokenizer")
+        return self._vocabulary
+
+    @property
+    def published(self) -> PublishedMap:
+        if self._published is None:
+            raise RuntimeError(f"model {self.name!r}: a Codec upstream's model publishes no map")
+        return self._published
+
+    @property
+    def verification(self) -> ModelVerification:
+        if self._verification is None:
+            raise RuntimeError(f"model {self.name!r}: a Codec upstream's model verifies nothing")
+        return self._verification
 
     @property
     def pool(self) -> UpstreamPool:
@@ -116,7 +158,10 @@ class ServedModel:
         """`max_prompt_ids`, else the backend's context length as last listed, else the default."""
         context = self._listing.context_length() if self._listing is not None else None
         limit = max_prompt_ids or context or DEFAULT_MAX_PROMPT_IDS
-        return PromptLimits(self.vocabulary.loaded.vocab_size, limit)
+        if self._vocabulary is not None:
+            return PromptLimits(self._vocabulary.loaded.vocab_size, limit)
+        pinned = None if self.upstream_maps is None else self.upstream_maps.vocab_size
+        return PromptLimits(pinned or _FRAME_ID_LIMIT, limit)
 
 
 class ServedModels:
@@ -147,15 +192,31 @@ class ServedModels:
 
     @property
     def maps(self) -> tuple[PublishedMap, ...]:
-        """Each model's map, once (models sharing a tokenizer and id share their map)."""
-        return tuple({m.published.digest: m.published for m in self}.values())
+        """Each model's map, once (models sharing a tokenizer and id share their map); a Codec
+        upstream's maps are `pinned_map`'s."""
+        published = (m.published for m in self if not m.speaks_codec)
+        return tuple({p.digest: p for p in published}.values())
 
-    def dictionary(self, hex_digest: str) -> LoadedZstdDictionary | None:
-        """Any model's dictionary by its sha256 (they are content-addressed: never ambiguous)."""
+    def pinned_map(self, digest: str) -> PublishedMap | None:
+        """A Codec upstream's verified map by its digest: its answers relayed to this proxy's
+        Codec clients name it, and they fetch it here."""
+        for model in self:
+            found = None if model.upstream_maps is None else model.upstream_maps.published(digest)
+            if found is not None:
+                return found
+        return None
+
+    def dictionary(self, hex_digest: str) -> bytes | None:
+        """Any model's dictionary by its sha256 (they are content-addressed: never ambiguous),
+        a Codec upstream's verified ones included."""
         for model in self:
             found = model.dictionaries.by_hex(hex_digest)
             if found is not None:
-                return found
+                return found.data
+            pinned = model.upstream_maps
+            data = None if pinned is None else pinned.dictionary(hex_digest)
+            if data is not None:
+                return data
         return None
 
     def ready(self) -> bool:
@@ -194,7 +255,8 @@ class ServedModels:
     def lift_verification(self) -> None:
         """After a reload: no model refuses Codec for verification mismatches any more."""
         for model in self:
-            model.verification.lift()
+            if not model.speaks_codec:
+                model.verification.lift()
 
     def publish_gauges(self, metrics: Metrics, live: Live) -> None:
         """Per-model state gauges, as of now (set again whenever a check reports, and after a
@@ -270,6 +332,9 @@ def build_served_models(
     built: list[ServedModel] = []
     maps: dict[str, PublishedMap] = {}
     for config in configs:
+        if config.upstream_protocol == CODEC:
+            built.append(ServedModel(config, None, ZstdDictionaries(), None))
+            continue
         with _naming(config, several=len(configs) > 1):
             vocabulary = _vocabulary(config, given.get(config.name), by_file)
             chosen = (
@@ -310,6 +375,7 @@ def _vocabulary(
 ) -> Vocabulary:
     if isinstance(given, Vocabulary):
         return given
+    assert config.tokenizer is not None  # settings.py: a JSON upstream's model has one
     key = str(config.tokenizer.resolve())
     if given is None and key in by_file:
         return by_file[key]  # two names for one tokenizer: loaded once, one map
@@ -348,6 +414,7 @@ def served_models_context(
         clients = UpstreamClients.for_settings(settings)
         process = ProcessStreams(settings.max_streams)
         metrics.max_streams.set(process.limit)
+        assets = CodecAssets()  # Codec upstreams' maps, shared: one decoder per digest
         for model in served:
             limit = model.config.max_streams
             metrics.model_max_streams.labels(model.name).set(limit)
@@ -361,7 +428,18 @@ def served_models_context(
                 budget=StreamBudget(limit, process, model=model.name, metrics=metrics),
             )
             model.attach(pool)
-            if settings.verify_sample_rate > 0:
+            if model.speaks_codec:
+                names = (model.lookup_name, *model.config.names)
+                model.upstream_maps = UpstreamMaps(
+                    model.name,
+                    pool,
+                    model.readiness,
+                    metrics,
+                    assets,
+                    names=tuple(dict.fromkeys(n for n in names if n is not None)),
+                    stream_format=model.config.upstream_stream_format,
+                )
+            elif settings.verify_sample_rate > 0:
                 model.verification.prepare()
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -378,6 +456,9 @@ def served_models_context(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            for model in served:
+                if model.upstream_maps is not None:
+                    await model.upstream_maps.close()
             await clients.close()
 
     return context
@@ -394,8 +475,22 @@ async def _health(model: ServedModel, on_change: Callable[[], None]) -> None:
 async def _first_drift_check(
     model: ServedModel, tasks: list[asyncio.Task[None]], on_change: Callable[[], None]
 ) -> None:
-    """The first check before serving, then the periodic one (or the check turned off)."""
+    """The first check before serving, then the periodic one (or the check turned off). A
+    Codec upstream has no tokenizer to compare: its map is pinned instead (upstream_maps.py),
+    first before serving, then retried until it is."""
     config = model.config
+    maps = model.upstream_maps
+    if maps is not None:
+        settled = await maps.pin_from_index()
+        on_change()
+        if not settled:
+
+            async def retried() -> None:
+                await maps.run()
+                on_change()
+
+            tasks.append(asyncio.create_task(retried()))
+        return
     if not config.drift_check:
         model.readiness.update(
             DriftVerdict(DriftState.DISABLED, "the drift check is turned off").check()

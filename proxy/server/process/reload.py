@@ -126,7 +126,7 @@ async def _apply(
     live = app[LIVE]
     running = live.current.settings
     merged = merge(running, new)
-    vocabularies = {model.name: model.vocabulary for model in app[SERVED_MODELS]}
+    vocabularies = {m.name: m.vocabulary for m in app[SERVED_MODELS] if not m.speaks_codec}
     try:
         if merged.settings.safety_policy is not None:
             # Compiling a policy encodes every banned string with each model's tokenizer: a

@@ -81,7 +81,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "codec_proxy_requests",
-            "Requests answered, by route, mode (codec|passthrough|local), status code and model.",
+            "Requests answered, by route, mode (codec|passthrough|policed|rendered|local), status "
+            "code and model.",
             ["route", "mode", "status", "model"],
             registry=r,
         )
@@ -144,7 +145,8 @@ class Metrics:
         )
         self.bytes_in = Counter(
             "codec_proxy_upstream_bytes",
-            "Body bytes received from upstreams, by mode (codec, passthrough, policed) and model.",
+            "Body bytes received from upstreams, by mode (codec, passthrough, policed, rendered: "
+            "a Codec upstream's frames) and model.",
             ["mode", "model"],
             registry=r,
         )
@@ -247,6 +249,36 @@ class Metrics:
             registry=r,
             multiprocess_mode="min",
         )
+
+        # --- a Codec upstream, its frames rendered as JSON (docs/DEPLOY.md "Codec on the long
+        # hop"); `upstream_bytes{mode="rendered"}` over `rendered_tokens` is the hop's cost ---
+        self.codec_upstream_requests = Counter(
+            "codec_proxy_codec_upstream_requests",
+            "Generation requests to a model whose upstream speaks Codec, by model and what became "
+            "of them: rendered (asked as Codec, rendered as JSON), relayed (not askable as Codec: "
+            "n>1, logprobs, a Codec client's own request...), upstream_error (its error relayed), "
+            "answered_json (the upstream ignored stream_format), refused (403/426/503 refusal: "
+            "asked again as JSON), map_unavailable, map_mismatch (no verified map or dictionary: "
+            "asked again as JSON), skipped (Codec not asked after a refusal, for a while).",
+            ["model", "result"],
+            registry=r,
+        )
+        self.rendered_tokens = Counter(
+            "codec_proxy_rendered_tokens",
+            "Token IDs received in a Codec upstream's frames and rendered as JSON, by model and "
+            "frame format.",
+            ["model", "format"],
+            registry=r,
+        )
+        self.upstream_maps = Counter(
+            "codec_proxy_upstream_maps",
+            "A Codec upstream's tokenizer maps and dictionaries, by model and event: pinned (a "
+            "map fetched and verified by its digest), drift (an answer named another map than "
+            "the pinned one), unavailable (could not be fetched), hash_mismatch (bytes that do "
+            "not hash to the digest named), not_a_map.",
+            ["model", "event"],
+            registry=r,
+        )
         self.config_reloads = Counter(
             "codec_proxy_config_reloads",
             "Configuration reloads (SIGHUP), by result (ok, error).",
@@ -262,6 +294,9 @@ class Metrics:
                 self.verify_mismatches.labels(model, source)
             for budget in ("model", "process"):
                 self.rejected.labels(model, budget)
+            # Alerts watch these: a Codec upstream serving bytes that do not match their digest.
+            for event in ("hash_mismatch", "drift"):
+                self.upstream_maps.labels(model, event)
         for result in ("ok", "error"):
             self.config_reloads.labels(result)
 

@@ -18,6 +18,7 @@ from proxy.core.http.content_coding import (
     SERVER_PREFERENCE,
     CodingCurve,
     ContentCoding,
+    codec_accept_encoding,
     coding_label,
     may_send_zstd,
     negotiate_coding,
@@ -347,3 +348,24 @@ def test_json_choice_is_acceptable_and_smallest_or_identity(
     assert chosen in acceptable
     sizes = [MEASURED_CURVE.at("json", c, window) for c in acceptable]
     assert MEASURED_CURVE.at("json", chosen, window) == min(sizes)
+
+
+@pytest.mark.parametrize("zstd", [True, False])
+def test_a_codec_client_offers_what_it_decodes_and_zstd_only_with_its_dictionary(
+    zstd: bool,
+) -> None:
+    offered = codec_accept_encoding(zstd=zstd)
+    assert offered == ("zstd, br, gzip" if zstd else "br, gzip")
+    # What codec-proxy picks from the offer is one of them, and dictionary zstd only when both
+    # the offer and the server allow it.
+    picked = negotiate_coding(
+        offered,
+        stream_format="protobuf",
+        flush_interval_ms=50,
+        flush_frames=32,
+        zstd_dictionary=True,
+        codec_client=ClientVersion(0, 5),
+    )
+    assert picked in parse_accept_encoding(offered)
+    if not zstd:
+        assert picked != "zstd"

@@ -6,10 +6,13 @@ import json
 
 import pytest
 
+from proxy.core.errors import UpstreamProtocolError
 from proxy.core.maps.discovery import (
     IMMUTABLE_CACHE_CONTROL,
     SHORT_CACHE_CONTROL,
     IndexDocument,
+    IndexEntry,
+    IndexPointer,
     MapByDigest,
     MapById,
     choose_coding,
@@ -19,6 +22,8 @@ from proxy.core.maps.discovery import (
     index_body,
     map_path_by_digest,
     origin_of,
+    pointer_for,
+    read_index,
     reply_headers,
 )
 from proxy.core.maps.tokenizer_map import PublishedMap
@@ -150,3 +155,41 @@ def test_reply_headers() -> None:
         "Content-Encoding": "gzip",
     }
     assert "Content-Encoding" not in dict(reply_headers(DIGEST, SHORT_CACHE_CONTROL, None))
+
+
+def test_an_index_reads_back_as_the_pointers_it_was_written_from() -> None:
+    other = PublishedMap(id="smollm2", body=b"[]\n", digest="f" * 64)
+    entries = [IndexEntry(MAP, models=("qwen3", "qwen")), IndexEntry(other)]
+    pointers = read_index(index_body("http://a.test", entries))
+    assert pointers == (
+        IndexPointer("qwen/qwen3", DIGEST, ("qwen3", "qwen")),
+        IndexPointer("smollm2", "f" * 64),
+    )
+    assert pointer_for(pointers, ["qwen"]) == pointers[0]
+    # Two maps and no name listed: nothing says which is this model's.
+    assert pointer_for(pointers, ["llama"]) is None
+    assert pointer_for(pointers[1:], ["llama"]) == pointers[1]
+    assert pointer_for((), ["llama"]) is None
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"id": "a", "hash": "sha256:abc"},  # a shortened digest cannot pin a map
+        {"id": "a", "hash": DIGEST},  # no sha256: prefix
+        {"id": "a", "hash": f"sha256:{DIGEST.upper()}"},
+        {"id": 1, "hash": f"sha256:{DIGEST}"},
+        {"hash": f"sha256:{DIGEST}"},
+        "not an entry",
+    ],
+)
+def test_index_entries_that_pin_nothing_are_skipped(entry: object) -> None:
+    good = {"id": "b", "hash": f"sha256:{DIGEST}", "models": ["m", 3]}
+    body = json.dumps({"codec_version": "0.5", "maps": [entry, good]}).encode()
+    assert read_index(body) == (IndexPointer("b", DIGEST, ("m",)),)
+
+
+@pytest.mark.parametrize("body", [b"<html>", b"[]", b'{"maps": {}}', b"{}"])
+def test_a_body_that_is_no_index_is_refused(body: bytes) -> None:
+    with pytest.raises(UpstreamProtocolError):
+        read_index(body)

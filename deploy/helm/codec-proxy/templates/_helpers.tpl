@@ -90,7 +90,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* Every tokenizer the proxy loads, as a JSON list of tokenizerSource results: the one of
-     `tokenizer`, or one per entry of `models`, in their order. */}}
+     `tokenizer`, or one per entry of `models`, in their order. A model whose upstream speaks
+     Codec (`upstream_protocol: codec`) loads none: its entry is empty (no path, no mount). */}}
 {{- define "codec-proxy.tokenizers" -}}
 {{- /* The list first: a clash of names says more than the clash of mounts it causes. */ -}}
 {{- include "codec-proxy.checkModels" . -}}
@@ -98,6 +99,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if .Values.models -}}
 {{- range $i, $m := .Values.models -}}
 {{- $where := printf "models[%d].tokenizer" $i -}}
+{{- if eq ($m.upstream_protocol | default $.Values.upstreamProtocol) "codec" -}}
+{{- if $m.tokenizer -}}
+{{- fail (printf "%s: model %s's upstream speaks Codec (upstream_protocol codec): its published map is the tokenizer; leave tokenizer out" $where ($m.name | default "")) -}}
+{{- end -}}
+{{- $all = append $all dict -}}
+{{- else -}}
 {{- if not $m.tokenizer -}}
 {{- fail (printf "%s: where model %s's tokenizer comes from (source: volume, configMap or image)" $where ($m.name | default "")) -}}
 {{- end -}}
@@ -113,6 +120,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $args := dict "t" $m.tokenizer "where" $where "volumeName" (printf "codec-proxy-tokenizer-%d" $i) "mountPath" $mountPath -}}
 {{- $all = append $all (include "codec-proxy.tokenizerSource" $args | fromJson) -}}
 {{- end -}}
+{{- end -}}
+{{- else if eq .Values.upstreamProtocol "codec" -}}
+{{- $defaults := include "codec-proxy.singleModelDefaults" . | fromYaml -}}
+{{- if and .Values.tokenizer (ne (toJson .Values.tokenizer) (toJson $defaults.tokenizer)) -}}
+{{- fail "tokenizer: the upstream speaks Codec (upstreamProtocol: codec): its published map is the tokenizer; leave tokenizer at its default (or null)" -}}
+{{- end -}}
+{{- $all = append $all dict -}}
 {{- else -}}
 {{- if not .Values.tokenizer -}}
 {{- fail "tokenizer: where the model's tokenizer comes from (or a models list)" -}}
@@ -134,7 +148,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* Settings the chart sets from its own values; `config` may not repeat them. */}}
 {{- define "codec-proxy.managedSettings" -}}
-{{- list "upstream" "tokenizer" "models" "default_model" "host" "port" "admin_port" "drain_timeout" "version_policy" "deployment_id" "docs_url" "safety_policy" "enforce_safety_policy" "api_key" "api_key_file" | toJson -}}
+{{- list "upstream" "tokenizer" "upstream_protocol" "models" "default_model" "host" "port" "admin_port" "drain_timeout" "version_policy" "deployment_id" "docs_url" "safety_policy" "enforce_safety_policy" "api_key" "api_key_file" | toJson -}}
 {{- end -}}
 
 {{/* Secret settings: a ConfigMap is readable by anyone who may read the namespace's
@@ -224,7 +238,7 @@ tokenizer:
 {{- $models := list -}}
 {{- range $i, $m := .Values.models -}}
 {{- $entry := omit (deepCopy $m) "tokenizer" -}}
-{{- $_ := set $entry "tokenizer" (index $tokenizers $i).path -}}
+{{- with (index $tokenizers $i).path }}{{ $_ := set $entry "tokenizer" . }}{{ end -}}
 {{- $models = append $models $entry -}}
 {{- end -}}
 {{- $_ := set $s "models" $models -}}
@@ -238,8 +252,9 @@ tokenizer:
 {{- end -}}
 {{- $_ := set $s "upstream" .Values.upstream -}}
 {{- end -}}
-{{- $_ := set $s "tokenizer" (index $tokenizers 0).path -}}
+{{- with (index $tokenizers 0).path }}{{ $_ := set $s "tokenizer" . }}{{ end -}}
 {{- end -}}
+{{- $_ := set $s "upstream_protocol" .Values.upstreamProtocol -}}
 {{- $_ := set $s "port" (int .Values.port) -}}
 {{- if .Values.adminPort -}}
 {{- if eq (int .Values.adminPort) (int .Values.port) -}}

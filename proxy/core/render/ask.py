@@ -1,11 +1,15 @@
-"""What the transport decides, without I/O: which requests it asks Codec for, how, and when an
-answer means "repeat it as JSON".
+"""What a client of a Codec server decides, without I/O: which requests it asks Codec for, how,
+and when an answer means "repeat it as JSON". Two such clients share it: the OpenAI SDK
+transport (proxy/sdk/) and codec-proxy itself in front of a Codec server (`upstream_protocol =
+"codec"`, proxy/server/control/codec_upstream.py).
 
-A request is asked as Codec only when every byte of what the SDK expects can come back from
-frames; anything else passes through untouched (docs/CLIENTS.md):
+A request is asked as Codec only when every byte of what the OpenAI client expects can come
+back from frames; anything else passes through untouched (docs/CLIENTS.md):
 
-* only `POST .../completions` and `POST .../chat/completions` with `stream: true` (a frame
-  stream is a stream: a non-streamed answer costs JSON only once, and Codec would buy little);
+* only `POST .../completions` and `POST .../chat/completions` with `stream: true`, or, for a
+  caller that renders the whole answer too (`whole=True`: the proxy, whose long hop is worth
+  it), without; the SDK transport leaves non-streamed requests alone (a non-streamed answer
+  costs JSON only once, and Codec would buy it little on a client's own link);
 * one choice (`n`, `best_of` 1): a frame has no choice index (codec-spec.md §2);
 * no log probabilities (`logprobs`, `top_logprobs`) and no `echo`: frames carry IDs only;
 * a completion's `prompt` is one string or one token-ID array (the proxy refuses batches);
@@ -33,10 +37,12 @@ from proxy.core.render.turn import TextRules
 
 __all__ = [
     "CLIENT_VERSION",
+    "DEFAULT_REMEMBER_SECONDS",
     "CodecAsk",
     "Fallback",
     "RefusalMemory",
     "codec_ask",
+    "codec_ask_for",
     "fallback_for",
 ]
 
@@ -62,6 +68,9 @@ class CodecAsk:
     model: str
     rules: TextRules  # the request's stop strings
     include_usage: bool
+    # The client asked for a stream (`stream: true`); else it gets the whole answer, which the
+    # Codec request still asks as a stream (frames are a stream).
+    streamed: bool = True
 
 
 def _endpoint(method: str, path: str) -> Endpoint | None:
@@ -87,7 +96,9 @@ def _stops(value: Any) -> tuple[str, ...]:
     return ()
 
 
-def codec_ask(method: str, path: str, body: bytes, *, stream_format: str) -> CodecAsk | str:
+def codec_ask(
+    method: str, path: str, body: bytes, *, stream_format: str, whole: bool = False
+) -> CodecAsk | str:
     """The Codec form of a request, or why it passes through untouched."""
     endpoint = _endpoint(method, path)
     if endpoint is None:
@@ -98,7 +109,15 @@ def codec_ask(method: str, path: str, body: bytes, *, stream_format: str) -> Cod
         return "not a JSON body"
     if not isinstance(document, dict):
         return "not a JSON object"
-    if document.get("stream") is not True:
+    return codec_ask_for(endpoint, document, stream_format=stream_format, whole=whole)
+
+
+def codec_ask_for(
+    endpoint: Endpoint, document: Mapping[str, Any], *, stream_format: str, whole: bool = False
+) -> CodecAsk | str:
+    """`codec_ask` for a body already parsed (`document` is not changed)."""
+    streamed = document.get("stream") is True
+    if not (streamed or (whole and document.get("stream") in (None, False))):
         return "not streamed"
     if "stream_format" in document:
         return "stream_format already chosen"
@@ -121,16 +140,17 @@ def codec_ask(method: str, path: str, body: bytes, *, stream_format: str) -> Cod
             return "not text only"
     model = document.get("model")
     options = document.get("stream_options")
-    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    include_usage = streamed and isinstance(options, dict) and options.get("include_usage") is True
     # vLLM's `include_stop_str_in_output`: the backend keeps the stop string, so do we.
     keep_stop = document.get("include_stop_str_in_output") is True
-    document["stream_format"] = stream_format
+    asked = {**document, "stream": True, "stream_format": stream_format}
     return CodecAsk(
         endpoint,
-        orjson.dumps(document),
+        orjson.dumps(asked),
         model if isinstance(model, str) else "",
         TextRules(stop=() if keep_stop else _stops(document.get("stop"))),
         include_usage,
+        streamed,
     )
 
 

@@ -10,8 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.render.ask import (
+    CodecAsk,
+    Fallback,
+    RefusalMemory,
+    codec_ask,
+    codec_ask_for,
+    fallback_for,
+)
 from proxy.core.render.turn import TextRules
-from proxy.sdk.plan import CodecAsk, Fallback, RefusalMemory, codec_ask, fallback_for
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -71,6 +78,30 @@ def test_streamed_generation_requests_are_asked_as_codec(
 )
 def test_what_frames_cannot_carry_passes_through(path: str, body: Any, reason: str) -> None:
     assert ask(body, path) == reason
+
+
+@pytest.mark.parametrize("stream", [False, None])
+def test_a_caller_that_renders_whole_answers_asks_them_as_streams(stream: bool | None) -> None:
+    body: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream_options": {"x": 1}}
+    if stream is not None:
+        body["stream"] = stream
+    assert ask(body) == "not streamed"  # the SDK transport's rule
+    result = codec_ask_for("chat", body, stream_format="msgpack", whole=True)
+    assert isinstance(result, CodecAsk)
+    assert not result.streamed
+    assert not result.include_usage  # a whole answer always has its usage
+    assert orjson.loads(result.body) == {**body, "stream": True, "stream_format": "msgpack"}
+    assert "stream_format" not in body  # the caller's document is left as it was
+    streamed = codec_ask_for("chat", {**body, "stream": True}, stream_format="msgpack", whole=True)
+    assert isinstance(streamed, CodecAsk)
+    assert streamed.streamed
+    # Whole or not, what frames cannot carry is not asked.
+    assert codec_ask_for("chat", {**body, "n": 3}, stream_format="msgpack", whole=True) == (
+        "more than one choice"
+    )
+    assert codec_ask_for("chat", {**body, "stream": 1}, stream_format="msgpack", whole=True) == (
+        "not streamed"
+    )
 
 
 def test_only_posts_are_generation_requests() -> None:

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
+from proxy.core.render.assets import CodecAssets, CodecIntegrityError, dictionary_digest
 from proxy.maps.publish import publish
-from proxy.sdk.assets import CodecAssets, CodecIntegrityError, dictionary_digest
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.compression_support import shipped_dictionaries
 
@@ -31,10 +31,43 @@ def test_a_map_is_kept_by_the_digest_of_its_bytes(smollm2_vocabulary: Vocabulary
     assert assets.map(other) is None
 
 
-def test_bytes_that_hash_right_but_are_no_map_are_refused() -> None:
-    body = b'{"encoder": "unknown"}'
-    with pytest.raises(CodecIntegrityError, match="no tokenizer map"):
+@pytest.mark.parametrize("body", [b'{"encoder": "unknown"}', b"[1, 2]", b"<html>"])
+def test_bytes_that_hash_right_but_are_no_map_are_refused(body: bytes) -> None:
+    with pytest.raises(CodecIntegrityError, match="no tokenizer map") as refused:
         CodecAssets().add_map(hashlib.sha256(body).hexdigest(), body)
+    assert refused.value.code == "not_a_map"
+
+
+def test_a_map_says_which_dictionaries_its_server_compresses_with(
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    dictionaries = shipped_dictionaries()
+    published = publish(
+        smollm2_vocabulary.loaded,
+        "test/smollm2",
+        dictionaries.records,
+        content=smollm2_vocabulary.map_content,
+    )
+    assets = CodecAssets()
+    assert assets.declared_dictionaries(published.digest) == ()
+    assets.add_map(published.digest, published.body)
+    declared = assets.declared_dictionaries(published.digest)
+    assert declared == tuple(
+        (record.format, record.hash.removeprefix("sha256:")) for record in dictionaries.records
+    )
+    assert {fmt for fmt, _ in declared} == {"msgpack", "protobuf"}
+
+
+def test_a_tampered_map_is_a_hash_mismatch(smollm2_vocabulary: Vocabulary) -> None:
+    published = publish(
+        smollm2_vocabulary.loaded, "test/smollm2", content=smollm2_vocabulary.map_content
+    )
+    tampered = published.body.replace(b'"id":"test/smollm2"', b'"id":"test/smollm3"')
+    assert tampered != published.body
+    with pytest.raises(CodecIntegrityError) as refused:
+        CodecAssets().add_map(published.digest, tampered)
+    assert refused.value.code == "hash_mismatch"
+    assert refused.value.status_hint == 502
 
 
 def test_a_dictionary_is_kept_by_its_digest() -> None:

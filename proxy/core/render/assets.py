@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from proxy.core.compression.dictionaries import is_sha256_hex
-from proxy.core.errors import TokenizerMapError
+import orjson
+
+from proxy.core.compression.dictionaries import declared_dictionaries, is_sha256_hex
+from proxy.core.errors import TokenizerMapError, UpstreamProtocolError
 from proxy.core.verify.map_decoder import MapDecoder
 
 __all__ = ["CodecAssets", "CodecIntegrityError", "dictionary_digest"]
@@ -24,8 +26,10 @@ __all__ = ["CodecAssets", "CodecIntegrityError", "dictionary_digest"]
 _SHA256_PREFIX = "sha256:"
 
 
-class CodecIntegrityError(Exception):
-    """A map or dictionary whose bytes are not the ones the response named."""
+class CodecIntegrityError(UpstreamProtocolError):
+    """A map or dictionary whose bytes are not the ones the response named (502: the server
+    sent them). `code`: `hash_mismatch`, or `not_a_map` for bytes that hash right but are no
+    tokenizer map."""
 
 
 def dictionary_digest(value: str | None) -> str | None:
@@ -41,7 +45,8 @@ def _checked(what: str, digest: str, data: bytes) -> None:
     actual = hashlib.sha256(data).hexdigest()
     if actual != digest:
         raise CodecIntegrityError(
-            f"the {what} served for sha256:{digest} hashes to sha256:{actual}: refusing it"
+            f"the {what} served for sha256:{digest} hashes to sha256:{actual}: refusing it",
+            code="hash_mismatch",
         )
 
 
@@ -49,10 +54,11 @@ class CodecAssets:
     """Maps (as decoders) and dictionaries by digest, shared by every request of a transport,
     or of several (pass one to both the sync and the async transport)."""
 
-    __slots__ = ("_dictionaries", "_lock", "_maps")
+    __slots__ = ("_declared", "_dictionaries", "_lock", "_maps")
 
     def __init__(self) -> None:
         self._maps: dict[str, MapDecoder] = {}
+        self._declared: dict[str, tuple[tuple[str, str], ...]] = {}
         self._dictionaries: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
@@ -60,14 +66,26 @@ class CodecAssets:
         return self._maps.get(digest)
 
     def add_map(self, digest: str, body: bytes) -> MapDecoder:
-        """The decoder of a fetched map, once its bytes are checked against `digest`."""
+        """The decoder of a fetched map, once its bytes are checked against `digest`. A
+        second load of the same digest keeps the first decoder."""
         _checked("tokenizer map", digest, body)
         try:
-            decoder = MapDecoder.from_map(body)
-        except TokenizerMapError as exc:
-            raise CodecIntegrityError(f"sha256:{digest} is no tokenizer map: {exc}") from exc
+            document = orjson.loads(body)
+            if not isinstance(document, dict):
+                raise TokenizerMapError("tokenizer map is not a JSON object")
+            decoder = MapDecoder.from_document(document)
+        except (orjson.JSONDecodeError, TokenizerMapError) as exc:
+            raise CodecIntegrityError(
+                f"sha256:{digest} is no tokenizer map: {exc}", code="not_a_map"
+            ) from exc
         with self._lock:
+            self._declared.setdefault(digest, declared_dictionaries(document))
             return self._maps.setdefault(digest, decoder)
+
+    def declared_dictionaries(self, digest: str) -> tuple[tuple[str, str], ...]:
+        """(wire format, 64-hex sha256) of the dictionaries the loaded map `digest` lists:
+        what its server may compress with, and a client may fetch before it asks for zstd."""
+        return self._declared.get(digest, ())
 
     def dictionary(self, digest: str) -> bytes | None:
         return self._dictionaries.get(digest)
