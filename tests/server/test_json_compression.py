@@ -293,8 +293,11 @@ async def test_flush_frames_bounds_the_window_in_events(
         return upstream.stalled_at[0] + MARGIN_SECONDS if upstream.stalled_at else None
 
     in_time, _, _ = await read_events(proxy, "gzip", deadline)
-    # The first at once, then every third (4, 7): events 8 and 9 wait for a third.
-    assert in_time == capture.events[:7]
+    # The first at once, then whenever a third is pending: at most two of the nine events
+    # before the stall wait for a third (fewer when a read brought several at once: what one
+    # read brings is fed, and flushed, together).
+    assert in_time == capture.events[: len(in_time)]
+    assert 7 <= len(in_time) <= 9
 
 
 # --- whole bodies ---------------------------------------------------------------------------

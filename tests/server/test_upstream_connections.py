@@ -186,6 +186,60 @@ async def test_a_head_answer_ends_at_its_head(serve) -> None:
     await connections.close()
 
 
+async def test_what_one_read_brings_reaches_the_sink_in_one_piece(serve) -> None:
+    # Three chunks in one write (a backend faster than the proxy reads): one delivery, so a
+    # relay writes once and a Codec body makes one frame of them.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"4\r\nfour\r\n0\r\n\r\n")
+
+    url = await serve(handler)
+    connections = pool()
+    origin = Origin.of(url)
+    conn = await connections.connection(origin)
+    await conn.request(
+        request_head("GET", "/x", [("Host", origin.host_header)], body_length=None),
+        None,
+        head_only=False,
+    )
+    pieces: list[bytes] = []
+    ended = asyncio.get_running_loop().create_future()
+
+    class Pieces:
+        def on_data(self, data: bytes) -> None:
+            pieces.append(data)
+
+        def on_end(self) -> None:
+            ended.set_result(None)
+
+        def on_error(self, exc: Exception) -> None:
+            ended.set_exception(exc)
+
+    conn.attach(Pieces())
+    await asyncio.wait_for(ended, 5)
+    assert pieces == [b"onetwothree", b"four"]
+    await connections.close()
+
+
+async def test_a_body_a_server_sends_after_a_head_answer_is_not_part_of_it(serve) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nbody")  # wrongly, a body
+
+    url = await serve(handler)
+    connections = pool()
+    conn, head, data = await asyncio.wait_for(exchange(connections, url, "HEAD"), 5)
+    assert (head.status, data) == (200, b"")
+    assert not conn.reusable
+    await connections.close()
+
+
 async def test_an_oversized_head_is_a_bad_response(serve) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

@@ -124,6 +124,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_on_data",
         "_parser",
         "_pending",
+        "_read",
         "_reason",
         "_request_written",
         "_sink",
@@ -152,6 +153,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink: BodySink | None = None
         self._on_data: Callable[[bytes], None] | None = None  # the sink's, looked up once
         self._pending: list[bytes] = []
+        self._read: list[bytes] = []  # body bytes of the read being parsed
         self._ended = False
         self._error: Exception | None = None
         self._write_paused = False
@@ -173,7 +175,10 @@ class UpstreamConnection(asyncio.Protocol):
             try:
                 self._parser.feed_data(data)
             except httptools.HttpParserError as exc:
+                self._deliver_read()
                 self._parser_failed(exc)
+                return
+            self._deliver_read()
             return
         if state is not _State.HEAD:
             if state is not _State.CLOSED:
@@ -184,8 +189,10 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            self._deliver_read()
             self._parser_failed(exc)
             return
+        self._deliver_read()
         if self._state is _State.HEAD and self._head_bytes > MAX_HEAD_BYTES:
             # Reads that still have not completed the head (one read is at most 256 KiB).
             self._fail(BadResponse(f"response head over {MAX_HEAD_BYTES} bytes"))
@@ -280,17 +287,19 @@ class UpstreamConnection(asyncio.Protocol):
             self._deliver_end()
 
     def on_body(self, body: bytes) -> None:
+        # Kept until the parser has gone through the whole read: what one read brought goes
+        # to the sink in one piece, however many HTTP chunks it held. At a backend's pace that
+        # is one event; when the proxy falls behind, several, fed, framed and written as one.
+        if self._state is not _State.BODY:
+            return  # what a HEAD answer's server sent after all: not part of the answer
         self.received += len(body)
-        on_data = self._on_data
-        if on_data is not None:
-            on_data(body)
-        elif self._state is _State.BODY:
-            self._pending.append(body)
+        self._read.append(body)
 
     def on_message_complete(self) -> None:
         if self._state is not _State.BODY:
             return  # an interim 1xx, or a HEAD answer already ended
         self._state = _State.DONE
+        self._deliver_read()
         self._deliver_end()
 
     # --- used by the pool and the exchange -------------------------------------------------------
@@ -324,6 +333,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._request_written = False
         self._set_sink(None)
         self._pending = []
+        self._read.clear()
         self._ended = False
         self._error = None
         self.received = 0
@@ -423,6 +433,18 @@ class UpstreamConnection(asyncio.Protocol):
             self._deliver_error(exc)
         if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
+
+    def _deliver_read(self) -> None:
+        read = self._read
+        if not read:
+            return
+        data = read[0] if len(read) == 1 else b"".join(read)
+        read.clear()
+        on_data = self._on_data
+        if on_data is not None:
+            on_data(data)
+        elif self._state is not _State.CLOSED:
+            self._pending.append(data)
 
     def _set_sink(self, sink: BodySink | None) -> None:
         self._sink = sink
