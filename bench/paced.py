@@ -342,7 +342,10 @@ def start_profiler(
     """`py-spy record` on the proxy for the measured wave (--profile): collapsed stacks."""
     if directory is None or relay is None or not scenario.relay.startswith("proxy"):
         return None
-    program = shutil.which("py-spy") or str(Path.home() / ".local" / "bin" / "py-spy")
+    # The virtualenv's own (`pip install py-spy`), then PATH, then `pip install --user`'s.
+    beside = Path(sys.executable).with_name("py-spy")
+    found = beside if beside.exists() else shutil.which("py-spy")
+    program = found or Path.home() / ".local" / "bin" / "py-spy"
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f"paced-{level}-{scenario.key}.txt"
     args = ["record", "--pid", str(relay.pid), "--rate", "250", "--nonblocking"]
