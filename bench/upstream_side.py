@@ -20,8 +20,6 @@ minimal relay in a process of its own:
   call overwrites the parser's buffer view and every received `bytes` leaks (measured);
 - `B` (own HTTP/1.1): an `asyncio.Protocol` with `httptools.HttpResponseParser`; `on_body` calls
   the sink; a keep-alive list of idle connections per relay; backpressure pauses the transport;
-- `B` (own HTTP/1.1): an `asyncio.Protocol` with `httptools.HttpResponseParser`; `on_body` calls
-  the sink; a keep-alive list of idle connections per relay;
 - `C` (today's shape, the reference): aiohttp, `await response.content.readany()` in the
   stream's coroutine, each chunk written to the client transport.
 
