@@ -3,8 +3,8 @@
 The data plane owns its upstream connections instead of reading through aiohttp's client, so
 that each body chunk the socket delivers goes straight from `data_received` through the C
 parser (`httptools`, llhttp) to the stream's sink, with no coroutine resumed and no buffer in
-between (docs/BENCHMARKS.md "The data plane" measured both ways). A connection carries one
-request at a time; the pool (`connections.py`) keeps it alive between them.
+between (docs/BENCHMARKS.md "The callback data plane" has both measured). A connection carries
+one request at a time; the pool (`connections.py`) keeps it alive between them.
 
 * The head is awaited (`request()`), once per request: a coroutine there costs nothing per
   token. Interim 1xx answers are skipped (RFC 9110 §15.2); the head may not exceed
