@@ -332,9 +332,20 @@ async def test_gateway_failures_eject_one_of_two(
     assert "codec_proxy_upstream_ejections_total 1.0" in await metrics_text(proxy)
 
 
-async def test_timeouts_eject_one_of_two(make_proxy: MakeProxy, make_upstream) -> None:
+@pytest.mark.parametrize(
+    "stalling",
+    [
+        Script(load_capture(SAMPLE), header_delay=3.0),
+        # The head at once, then nothing: the head's 200 must not clear the count each time.
+        Script(load_capture(SAMPLE), stall_after_events=0, stall_seconds=3.0),
+    ],
+    ids=["no-head", "head-then-nothing"],
+)
+async def test_timeouts_eject_one_of_two(
+    make_proxy: MakeProxy, make_upstream, stalling: Script
+) -> None:
     (slow, slow_url), (good, good_url) = await make_upstream(), await make_upstream()
-    slow.script = Script(load_capture(SAMPLE), header_delay=3.0)
+    slow.script = stalling
     proxy = await make_proxy(
         upstream=(slow_url, good_url), eject_after=2, ttft_timeout=0.3, health_interval=60
     )
@@ -455,13 +466,20 @@ async def test_a_head_without_a_body_in_time_is_a_ttft_timeout_counted_against_t
         async with proxy.post("/v1/completions", json=payload) as resp:
             assert resp.status == 504
             assert (await resp.json())["error"]["code"] == "ttft_timeout"
-        (state,) = default_model(proxy).pool.balancer.upstreams
-        # Each head's 200 reset the count; the timeout after it counted one failure.
-        assert state.consecutive_failures == 1
-        assert "ttft timeout" in (state.last_error or "")
+    (state,) = default_model(proxy).pool.balancer.upstreams
+    # A head's 200 is no answer while its body does not come: both timeouts count, in a row
+    # (the only upstream is never ejected, so the count shows them).
+    assert state.consecutive_failures == 2
+    assert "ttft timeout" in (state.last_error or "")
     async with proxy.get("/metrics") as resp:
         text = await resp.text()
     assert 'codec_proxy_timeouts_total{kind="ttft"} 2.0' in text
+    # A body that comes clears them.
+    upstream.script = Script(load_capture(SAMPLE))
+    async with proxy.post("/v1/completions", json=codec_body()) as resp:
+        assert resp.status == 200
+        assert (await frames_of(resp))[-1].finish_reason == "length"
+    assert (state.consecutive_failures, state.last_error) == (0, None)
 
 
 async def test_idle_timeout_mid_codec_stream_is_a_terminal_error_frame(

@@ -4,7 +4,9 @@ The body reaches whoever `attach`es a `BodySink` (the stream, `stream.py`), by c
 time-to-first-byte and idle timeouts are one timer per exchange, not a timeout around every
 read: it wakes at the deadline, looks at how many body bytes have arrived since it last looked,
 and either sleeps again or fails the exchange with `UpstreamTimeout`. While the proxy itself
-holds the upstream back (its client is not reading), nothing arriving is not idleness.
+holds the upstream back (its client is not reading), nothing arriving is not idleness. With a
+first-byte deadline, the upstream has answered well only once body bytes came (`answered`,
+told once: when the watchdog first sees them, or at the end), not when its head did.
 
 When the exchange ends, its connection goes back to the pool if the response was read to its
 end, is drained in the background first when the caller asked for that (`drain_rest`: a Codec
@@ -39,6 +41,7 @@ DRAIN_SECONDS: Final = 0.1
 
 class Exchange:
     __slots__ = (
+        "_answered",
         "_conn",
         "_drain",
         "_ended",
@@ -65,10 +68,14 @@ class Exchange:
         first_byte_deadline: float | None,
         idle_timeout: float | None,
         timed_out: Callable[[str, UpstreamTimeout], None] = lambda kind, exc: None,
+        answered: Callable[[], None] | None = None,
     ) -> None:
         self._pool = pool
         # Counts the timeout (`ttft` or `idle`) and tells the balancer, once, as it happens.
         self._timed_out = timed_out
+        # Tells the balancer the upstream answered well, once, when its first body bytes are
+        # seen (None: nothing to tell, or told).
+        self._answered = answered
         self._origin = origin
         self._conn = conn
         self.head = head
@@ -147,6 +154,8 @@ class Exchange:
         self._ended = True
         self._stop_watching()
         conn = self._conn
+        if conn.received or conn.complete:
+            self._tell_answered()
         conn.detach()
         if conn.complete or conn.closed:
             self._pool.release(conn, self._origin)
@@ -178,6 +187,11 @@ class Exchange:
             self._timer.cancel()
             self._timer = None
 
+    def _tell_answered(self) -> None:
+        answered, self._answered = self._answered, None
+        if answered is not None:
+            answered()
+
     def _check(self) -> None:
         self._timer = None
         conn = self._conn
@@ -185,6 +199,8 @@ class Exchange:
             return
         now = self._loop.time()
         arrived = conn.received
+        if arrived:
+            self._tell_answered()
         # Something came since the last look, or the proxy itself holds the upstream back
         # (its client is slow): not idle.
         if arrived != self._seen or conn.reading_paused:

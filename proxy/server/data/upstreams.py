@@ -8,7 +8,9 @@
   sent a single byte (refused, reset, a stale pooled connection): nothing can have reached the
   client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
 - Timeouts: connect; time to first byte (headers and first body chunk share one budget); idle
-  between chunks. No total timeout: a long generation is not a failure (peers.md A2).
+  between chunks. No total timeout: a long generation is not a failure (peers.md A2). Under a
+  time-to-first-byte budget, what clears an upstream's failure count is its first body byte,
+  not its head.
 - More than a model's share of `max_streams` in flight for that model, or more than
   `max_streams` for every model together, is shed with 503 + Retry-After before any work.
 
@@ -31,7 +33,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.core.backend.balancer import Balancer, UpstreamState
+from proxy.core.backend.balancer import Balancer, UpstreamState, is_gateway_failure
 from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.framing import request_head
@@ -337,7 +339,13 @@ class UpstreamPool:
                 continue
             if head.status >= 500:
                 self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
-            if self.balancer.answered(upstream, head.status, time.monotonic()):
+            answered = None
+            if deadline is not None and not is_gateway_failure(head.status):
+                # Its first body byte, not its head, clears the upstream's failures: one that
+                # answers heads and then stalls is a failure each time (the ttft timeout), and
+                # must reach `eject_after` like one that never answers.
+                answered = functools.partial(self.balancer.succeeded, upstream)
+            elif self.balancer.answered(upstream, head.status, time.monotonic()):
                 self._ejected(upstream, f"answered {head.status}")
             if attempt is not None:
                 attempt.answered(head.status)
@@ -350,6 +358,7 @@ class UpstreamPool:
                 first_byte_deadline=deadline,
                 idle_timeout=self.settings.idle_timeout or None,
                 timed_out=functools.partial(self._timed_out, upstream),
+                answered=answered,
             )
             return exchange, attempt
 
