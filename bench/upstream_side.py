@@ -62,6 +62,7 @@ import socket
 import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -743,8 +744,6 @@ def start_relay(contender: Contender, upstream_port: int, count: bool = False) -
 
 
 def relay_stats(port: int) -> dict[str, Any]:
-    import urllib.request
-
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=30) as response:
         stats: dict[str, Any] = json.loads(response.read())
     return stats
@@ -784,23 +783,20 @@ async def measure_wave(
     timeout = 60 + 3 * tokens * args.pace_ms / 1000 + args.ramp_ms / 1000
     stats_before = relay_stats(port) if running.contender.side is not None else None
     load_before = loadavg()[0]
-    before = (
-        time.perf_counter(),
-        paced.tree_cpu(pid),
-        paced.tree_schedstat_cpu(pid),
-        process_cpu_seconds(bench.upstream.pid),
-        self_cpu_seconds(),
-        machine_busy_seconds(),
-    )
+
+    def clocks() -> tuple[float, ...]:
+        return (
+            time.perf_counter(),
+            paced.tree_cpu(pid),
+            paced.tree_schedstat_cpu(pid),
+            process_cpu_seconds(bench.upstream.pid),
+            self_cpu_seconds(),
+            machine_busy_seconds(),
+        )
+
+    before = clocks()
     fetched = await paced.wave(port, requests, args.ramp_ms / 1000, timeout)
-    after = (
-        time.perf_counter(),
-        paced.tree_cpu(pid),
-        paced.tree_schedstat_cpu(pid),
-        process_cpu_seconds(bench.upstream.pid),
-        self_cpu_seconds(),
-        machine_busy_seconds(),
-    )
+    after = clocks()
     stats_after = relay_stats(port) if running.contender.side is not None else None
     wall, relay_cpu, relay_sched, upstream_cpu, client_cpu, busy = (
         b - a for a, b in zip(before, after, strict=True)

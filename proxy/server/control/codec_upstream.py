@@ -61,7 +61,7 @@ from proxy.core.wire.frames import encoder_for
 from proxy.server.control.codec import admit_codec
 from proxy.server.control.exchanges import stream_context, upstream_exchange
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
-from proxy.server.control.relay import relay_response
+from proxy.server.control.relay import relay, relay_response
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.stream import StreamedResponse, StreamEnd, stream_response
@@ -96,16 +96,7 @@ async def relay_codec_request(
     too once verified (server/control/well_known.py)."""
     admit_codec(request, model)
     _count(request, model, "relayed")
-    context = stream_context(request, "codec")
-    async with upstream_exchange(
-        request,
-        context,
-        method=request.method,
-        path_qs=request_target(request),
-        headers=forward_headers(request, drop=drop),
-        body=body,
-    ) as exchange:
-        return await relay_response(request, context, exchange)
+    return await relay(request, body=body, drop=drop, mode="codec")
 
 
 async def serve_from_codec(

@@ -61,11 +61,16 @@ async def relay_response(
 
 
 async def relay(
-    request: web.Request, *, body: bytes | None = None, drop: tuple[str, ...] = ()
+    request: web.Request,
+    *,
+    body: bytes | None = None,
+    drop: tuple[str, ...] = (),
+    mode: str = "passthrough",
 ) -> web.StreamResponse:
-    """Send the request upstream as it is and the answer back as it is."""
+    """Send the request upstream as it is and the answer back as it is. `mode`: the
+    stream's label in metrics and the access log."""
     data = body if body is not None else await read_request_body(request)
-    context = stream_context(request, "passthrough")
+    context = stream_context(request, mode)
     async with upstream_exchange(
         request,
         context,

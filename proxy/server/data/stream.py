@@ -191,6 +191,7 @@ class ResponseStream:
                         self._arm_deadline()  # frames wait for their flush window
                     return
             if self._chunked:
+                # `BodyFramer.frame`'s chunk, inlined: `out` is never empty here.
                 self._transport_write(b"%x\r\n%b\r\n" % (len(out), out))
             else:
                 self._write_framed(out)
@@ -468,14 +469,11 @@ class ResponseStream:
                 self._exchange.resume_reading()
 
     def _write(self, data: bytes) -> None:
-        """Write body bytes outside the steady path (a flush deadline, the rest of a first
-        read), framed and accounted like `on_data` does inline."""
+        """Write body bytes outside the steady path (a flush deadline), framed and accounted
+        like `on_data` does inline."""
         if self._transport is None:
             return
-        if self._chunked:
-            self._transport_write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            self._write_framed(data)
+        self._write_framed(data)
         self._accounted(len(data))
 
     def _write_framed(self, data: bytes) -> None:

@@ -171,21 +171,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self._state
-        if state is _State.BODY:  # the steady state: straight to the parser
-            try:
-                self._parser.feed_data(data)
-            except httptools.HttpParserError as exc:
-                self._deliver_read()
-                self._parser_failed(exc)
+        if state is not _State.BODY:  # the steady state goes straight to the parser
+            if state is not _State.HEAD:
+                if state is not _State.CLOSED:
+                    # Bytes with no request to answer: the connection cannot be trusted again.
+                    self._fail(BadResponse("upstream sent bytes no request asked for"))
                 return
-            self._deliver_read()
-            return
-        if state is not _State.HEAD:
-            if state is not _State.CLOSED:
-                # Bytes with no request to answer: the connection cannot be trusted again.
-                self._fail(BadResponse("upstream sent bytes no request asked for"))
-            return
-        self._head_bytes += len(data)
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
