@@ -93,14 +93,28 @@ class FlushPolicy:
 def merge_frames(frames: Sequence[Frame]) -> list[Frame]:
     """Frames of one flush window as few frames as possible, IDs in order.
 
-    Non-terminal frames merge into one; the terminal frame stays as the transcoder made it
-    (an error terminal frame is `ids: []` like the engines', interop.md §0.4).
+    Runs of non-terminal frames without tool calls merge into one. A frame that carries tool
+    calls stays as it was made: what its IDs are (the tool-call region's, with backend IDs)
+    is told by the frame that carries the calls (proxy/core/render/turn.py), so no IDs from
+    before it may join it, and IDs after it stay after its calls. The terminal frame stays as
+    the transcoder made it (an error terminal frame is `ids: []` like the engines',
+    interop.md §0.4).
     """
-    body = [frame for frame in frames if not frame.done]
     merged: list[Frame] = []
-    if len(body) == 1:
-        merged.append(body[0])
-    elif body:
-        merged.append(Frame(tuple(token for frame in body for token in frame.ids)))
-    merged.extend(frame for frame in frames if frame.done)
+    run: list[Frame] = []
+    for frame in frames:
+        if frame.done or frame.tool_calls:
+            _merge_run(run, merged)
+            merged.append(frame)
+        else:
+            run.append(frame)
+    _merge_run(run, merged)
     return merged
+
+
+def _merge_run(run: list[Frame], merged: list[Frame]) -> None:
+    if len(run) == 1:
+        merged.append(run[0])
+    elif run:
+        merged.append(Frame(tuple(token for frame in run for token in frame.ids)))
+    run.clear()

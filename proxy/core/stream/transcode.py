@@ -180,7 +180,7 @@ class CodecTranscoder:
         if chunk.model is not None:
             self._model = chunk.model
         if chunk.tool_calls:
-            self._calls += self._tool_calls.feed(chunk.tool_calls)
+            self._add_calls(frames, self._tool_calls.feed(chunk.tool_calls))
         text = self._pairs.feed(chunk.text)
         source = self._source
         if source is None and (text or chunk.token_ids):
@@ -210,7 +210,7 @@ class CodecTranscoder:
             return
         self._pairs.flush()
         if chunk.finish_reason in _CALLS_COMPLETE:
-            self._calls += self._tool_calls.flush()
+            self._add_calls(frames, self._tool_calls.flush())
         reason = finish.codec_finish_reason(chunk.finish_reason, chunk.stop_reason)
         if self._tool_calls.emitted and chunk.finish_reason in _CALLS_COMPLETE:
             reason = finish.TOOL_CALL
@@ -218,6 +218,20 @@ class CodecTranscoder:
         self._finish(
             frames, self._drain(tool_call_turn=reason == finish.TOOL_CALL), reason, error=None
         )
+
+    def _add_calls(self, frames: list[Frame], calls: list[ToolCall]) -> None:
+        # IDs the text confirmed before these calls completed leave first, in a frame without
+        # them: a reader takes the IDs of a frame that carries calls, and of every frame after
+        # it, for the tool-call region's markup, not content (proxy/core/render/turn.py). Within
+        # one read, the text before a call and the call would otherwise share a frame.
+        if not calls:
+            return
+        source = self._source
+        if source is not None:
+            ids = source.take()
+            if ids:
+                self._emit(frames, Frame(tuple(ids), tool_calls=self._take_calls()))
+        self._calls += calls
 
     def _decide(self, has_ids: bool) -> IdSource | None:
         # The first chunk with output decides (token_source.py); `backend` insists on IDs.

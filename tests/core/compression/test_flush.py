@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from proxy.core.compression.flush import FlushConfig, FlushPolicy, merge_frames
 from proxy.core.wire.frames import Frame
+from proxy.core.wire.tool_calls import ToolCall
 
 
 def test_first_frame_is_flushed_at_once() -> None:
@@ -106,3 +107,22 @@ def test_merge_joins_the_window_and_keeps_the_terminal_frame() -> None:
     assert merge_frames([Frame((7,))]) == [Frame((7,))]
     assert merge_frames([Frame((7,), True, "length")]) == [Frame((7,), True, "length")]
     assert merge_frames([]) == []
+
+
+def test_merge_keeps_a_frame_with_tool_calls_apart_and_whole() -> None:
+    call = ToolCall("get_weather", "{}", "call_1")
+    frames = [
+        Frame((1,)),
+        Frame((2,)),
+        Frame((3, 4), tool_calls=(call,)),
+        Frame((5,)),
+        Frame((6,)),
+        Frame((7,), True, "tool_call"),
+    ]
+    # Before the call, its frame, after it, the end: the call keeps its own IDs and no others.
+    assert merge_frames(frames) == [
+        Frame((1, 2)),
+        Frame((3, 4), tool_calls=(call,)),
+        Frame((5, 6)),
+        Frame((7,), True, "tool_call"),
+    ]

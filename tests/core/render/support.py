@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -77,6 +78,25 @@ def transcoded(vocabulary: Vocabulary, name: str, mode: TokenIdMode) -> list[lis
         token_bytes=vocabulary.token_bytes,
     )
     frames = [transcoder.feed(event) for event in load_capture(name).events]
+    frames.append(transcoder.flush())
+    assert transcoder.outcome is not None
+    return [batch for batch in frames if batch]
+
+
+def transcoded_reads(
+    vocabulary: Vocabulary, name: str, mode: TokenIdMode, cuts: list[int]
+) -> list[list[Frame]]:
+    """The frames the proxy makes of the capture's body cut into reads at byte offsets `cuts`
+    (a proxy that falls behind reads many events at once, and reads end anywhere)."""
+    transcoder = CodecTranscoder(
+        vocabulary.scheme,
+        parse_chat_chunk if is_chat(name) else parse_completion_chunk,
+        token_ids=mode,
+        token_bytes=vocabulary.token_bytes,
+    )
+    body = load_capture(name).body
+    edges = [0, *sorted({min(cut, len(body)) for cut in cuts}), len(body)]
+    frames = [transcoder.feed(body[start:end]) for start, end in itertools.pairwise(edges)]
     frames.append(transcoder.flush())
     assert transcoder.outcome is not None
     return [batch for batch in frames if batch]

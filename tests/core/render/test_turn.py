@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.compression.flush import merge_frames
 from proxy.core.render.turn import CONTENT, Piece, TextRules, TurnEnd, TurnReader
 from proxy.core.stream.token_source import TokenIdMode
 from proxy.core.verify.map_decoder import MapDecoder
@@ -22,6 +23,7 @@ from tests.core.render.support import (
     reports_ids,
     source_of,
     transcoded,
+    transcoded_reads,
     upstream_finish,
     upstream_text,
 )
@@ -97,6 +99,35 @@ def test_any_grouping_of_frames_into_reads_gives_the_same_turn(
     assert read(smollm2_map, batches, chat=True, rules=rules) == read(
         smollm2_map, [frames], chat=True, rules=rules
     )
+
+
+@pytest.mark.parametrize("name", STREAM_CAPTURES)
+@given(cuts=st.lists(st.integers(0, 1 << 14), max_size=6))
+def test_captured_streams_render_the_same_however_reads_and_flush_windows_group_them(
+    smollm2_map: MapDecoder, smollm2_vocabulary: Vocabulary, name: str, cuts: list[int]
+) -> None:
+    # A proxy that falls behind reads several events at once (one frame per read), and a
+    # compressed stream merges the frames of a flush window: the text before a tool call
+    # must never share a frame with the call, or a reader takes it for the call's markup.
+    backend = source_of(smollm2_vocabulary, name, "auto") == "backend"
+    rules = TextRules(backend_ids=backend)
+    expected = read(
+        smollm2_map, transcoded(smollm2_vocabulary, name, "auto"), chat=is_chat(name), rules=rules
+    )
+    batches = transcoded_reads(smollm2_vocabulary, name, "auto", cuts)
+    chat = is_chat(name)
+    assert read(smollm2_map, batches, chat=chat, rules=rules) == expected
+    window = [merge_frames([frame for batch in batches for frame in batch])]
+    assert read(smollm2_map, window, chat=chat, rules=rules) == expected
+
+
+def test_a_read_holding_text_and_a_finished_call_keeps_the_text(
+    smollm2_map: MapDecoder, smollm2_vocabulary: Vocabulary
+) -> None:
+    # The whole stream in one read: "Let me check." is confirmed before call 0 completes.
+    batches = transcoded_reads(smollm2_vocabulary, TOOL_CALLS, "auto", [])
+    pieces = read(smollm2_map, batches, chat=True, rules=TextRules(backend_ids=True))
+    assert pieces == ["Let me check.", WEATHER, TIME, TurnEnd("tool_calls")]
 
 
 def hello(smollm2_vocabulary: Vocabulary) -> tuple[int, ...]:

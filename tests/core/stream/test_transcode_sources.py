@@ -109,14 +109,18 @@ def test_a_stop_string_reported_with_no_text_is_not_sent(smollm2_vocabulary: Voc
 
 
 def test_a_tool_call_region_reported_with_no_text_is_sent(smollm2_vocabulary: Vocabulary) -> None:
-    # The same shape in a turn that ended in tool calls: the region's IDs stay in `ids`.
+    # The same shape in a turn that ended in tool calls: the region's IDs stay in `ids`, on
+    # the frame that carries the call; the text before it leaves first, in a frame of its own.
     t = transcoder(smollm2_vocabulary, "backend", chat=True)
     region = {"index": 0, "delta": {"tool_calls": [call(0, "f", "{}", "c")]}, "token_ids": [553]}
     frames = t.feed(
         sse({"choices": [{"index": 0, "delta": {"content": " States"}, "token_ids": [1918]}]})
         + sse({"choices": [region]}, delta("tool_calls"))
     )
-    assert [(f.ids, f.finish_reason) for f in frames] == [((1918, 553), "tool_call")]
+    assert [(f.ids, f.finish_reason, len(f.tool_calls)) for f in frames] == [
+        ((1918,), None, 0),
+        ((553,), "tool_call", 1),
+    ]
 
 
 # --- tool calls -------------------------------------------------------------------------------
