@@ -468,7 +468,7 @@ class Settings:
 
     # --- traces (docs/DEPLOY.md "Traces"); the other OTEL_* variables configure the rest ---
     # vLLM's flag has this name. The standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and
-    # OTEL_EXPORTER_OTLP_ENDPOINT turn traces on too (proxy/server/telemetry/tracing.py).
+    # OTEL_EXPORTER_OTLP_ENDPOINT turn traces on too (proxy/trace_endpoint.py).
     otlp_traces_endpoint: str | None = option(
         None,
         help="export OpenTelemetry traces over OTLP/HTTP to this URL (a bare collector URL gets "

@@ -22,10 +22,10 @@ from proxy.cli import build_parser, check_config
 from proxy.core.backend.readiness import Check
 from proxy.core.errors import ConfigError
 from proxy.core.wire.decoder import FrameDecoder
-from proxy.otlp import TracingConfig, tracing_config
 from proxy.server.control.admin import ADMIN_APP
 from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
+from proxy.trace_endpoint import TraceEndpoint, trace_endpoint
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.server.conftest import (
@@ -141,8 +141,8 @@ def assert_tree(spans: list[ReceivedSpan], upstream: FakeUpstream) -> tuple[Rece
 def test_traces_are_on_only_with_an_endpoint(
     configured: str | None, environ: dict[str, str], endpoint: str | None
 ) -> None:
-    config = tracing_config(configured, environ)
-    assert config == (None if endpoint is None else TracingConfig(endpoint))
+    config = trace_endpoint(configured, environ)
+    assert config == (None if endpoint is None else TraceEndpoint(endpoint))
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_traces_are_on_only_with_an_endpoint(
 def test_what_the_proxy_cannot_export_fails_at_start(environ: dict[str, str], message: str) -> None:
     configured = None if "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in environ else "http://c:4318"
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        tracing_config(configured, environ)
+        trace_endpoint(configured, environ)
 
 
 def test_the_check_before_start_refuses_what_the_proxy_cannot_export(

@@ -46,7 +46,7 @@ from proxy.server.data.upstream_protocol import (
     UpstreamConnectionError,
 )
 from proxy.server.telemetry.metrics import Metrics
-from proxy.server.telemetry.traces import RequestTrace, UpstreamAttempt
+from proxy.server.telemetry.request_trace import RequestTrace, UpstreamAttempt
 from proxy.settings import UNNAMED_MODEL, Settings
 
 log = logging.getLogger("codec_proxy")

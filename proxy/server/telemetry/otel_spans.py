@@ -1,4 +1,4 @@
-"""The spans, made with the OpenTelemetry SDK: imported only when tracing is on (tracing.py).
+"""The spans, made with the OpenTelemetry SDK: imported only when tracing is on (worker_tracer.py).
 
 Spans are handed to a `BatchSpanProcessor`, whose own thread encodes and exports them over
 OTLP/HTTP: ending a span only queues it, and exporting never waits on the event loop (or the
@@ -29,7 +29,7 @@ from opentelemetry.util.types import AttributeValue
 from proxy import __version__
 from proxy.core.stream.transcode import StreamOutcome
 from proxy.server.telemetry.record import RequestRecord
-from proxy.server.telemetry.traces import Origin, RequestTrace, UpstreamAttempt
+from proxy.server.telemetry.request_trace import Origin, RequestTrace, UpstreamAttempt
 
 # W3C Trace Context: `traceparent` read from the caller, written to the upstream.
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
