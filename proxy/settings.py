@@ -476,6 +476,14 @@ class Settings:
         "if set, else no traces",
         url=True,
     )
+    # Off for an endpoint open to callers whose trace context is only their word: otherwise any
+    # of them decides what is sampled and puts its spans into another's trace.
+    trust_trace_context: bool = option(
+        True,
+        help="a caller's traceparent is the parent of the proxy's spans and decides their "
+        "sampling, and its trace context goes upstream; false (internet-facing): each request "
+        "starts its own trace, the caller's kept only as a span link, none of it sent upstream",
+    )
 
     def __post_init__(self) -> None:
         # One URL where a list is expected is a list of one (Settings(upstream="http://...")).

@@ -128,7 +128,9 @@ def create_app(
     app.on_response_prepare.append(echo_request_id)
     if endpoint is not None:
         # Started first, so that it is shut down last: after the streams and their upstreams.
-        tracer = app[WORKER_TRACER] = WorkerTracer(endpoint)
+        tracer = app[WORKER_TRACER] = WorkerTracer(
+            endpoint, trust_callers=settings.trust_trace_context
+        )
         app.cleanup_ctx.append(tracer.context)
         app.on_response_prepare.append(echo_trace)
     app.on_response_prepare.append(announce_server_version)

@@ -236,6 +236,78 @@ async def test_off_the_callers_trace_context_passes_through_as_sent(
     assert line["trace_id"] is None
 
 
+async def test_off_an_untrusted_callers_trace_context_is_not_sent_upstream(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(trust_trace_context=False)
+    for body in (CODEC, JSON):
+        status, _, _ = await post(proxy, "/v1/completions", json=body, headers=CALLER)
+        assert status == 200
+    assert len(upstream.requests) == 2
+    for request in upstream.requests:
+        sent = {name.lower() for name, _ in request.raw_headers}
+        assert sent.isdisjoint({b"traceparent", b"tracestate"})
+        assert b"x-request-id" in sent  # the other end-to-end fields still go
+
+
+# --- callers not trusted with trace context (internet-facing) ---------------------------------
+
+
+@pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
+async def test_under_a_zero_ratio_only_a_trusted_callers_flag_samples(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    receiver: tuple[OtlpReceiver, str],
+    monkeypatch: pytest.MonkeyPatch,
+    trusted: bool,
+) -> None:
+    """`parentbased_traceidratio` at 0: a trusted caller's sampled `traceparent` still has
+    every one of its requests exported; an untrusted caller's decides nothing."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    proxy = await make_proxy(otlp_traces_endpoint=receiver[1], trust_trace_context=trusted)
+    for _ in range(10):
+        status, headers, _ = await post(proxy, "/v1/completions", json=CODEC, headers=CALLER)
+        assert status == 200
+        assert sampled(headers["traceresponse"]).endswith("-01" if trusted else "-00")
+    await proxy.close()  # the provider's shutdown exports whatever it still holds
+    assert len(receiver[0].spans) == (20 if trusted else 0)
+
+
+async def test_an_untrusted_callers_trace_is_only_linked(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    receiver: tuple[OtlpReceiver, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A caller that names another's trace gets a trace of its own: the one it named holds none
+    of the proxy's spans, and the backend gets no trace context of the caller's."""
+    caplog.set_level(logging.INFO)
+    proxy = await make_proxy(otlp_traces_endpoint=receiver[1], trust_trace_context=False)
+    traceresponses = []
+    for _ in range(2):
+        status, headers, _ = await post(proxy, "/v1/completions", json=CODEC, headers=CALLER)
+        assert status == 200
+        traceresponses.append(sampled(headers["traceresponse"]))
+    spans = await receiver[0].wait_for(4)
+    servers = sorted((s for s in spans if s.kind == "server"), key=lambda s: s.start)
+    assert CALLER_TRACE not in {s.trace_id for s in spans}
+    assert len({s.trace_id for s in servers}) == 2  # one new trace per request
+    for server in servers:
+        assert server.parent_id == ""
+        assert server.links == ((CALLER_TRACE, CALLER_SPAN),)
+        [client] = [s for s in spans if s.parent_id == server.span_id]
+        assert (client.trace_id, client.kind, client.links) == (server.trace_id, "client", ())
+    # The responses, the access log lines and the upstream requests name the proxy's traces.
+    assert traceresponses == [traceparent_of(s) for s in servers]
+    lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
+    assert [line["trace_id"] for line in lines] == [s.trace_id for s in servers]
+    [client] = [s for s in spans if s.parent_id == servers[-1].span_id]
+    assert sampled(upstream_traceparent(upstream)) == traceparent_of(client)
+    raw = [(k.lower(), v) for k, v in upstream.requests[-1].raw_headers]
+    assert [k for k, _ in raw if k in (b"traceparent", b"tracestate")] == [b"traceparent"]
+
+
 # --- the span tree of each kind of request ----------------------------------------------------
 
 

@@ -8,9 +8,10 @@ starts with tracing on, and a request pays one lookup.
 
 A request that is traced has a `RequestTrace` (request_trace.py): one server span, from the
 request head to the end of its response body (the handler returns only once the stream's last
-bytes are written), whose parent is the caller's `traceparent`; and one client span per upstream
-attempt (a retry before the first byte is another), whose context goes upstream as `traceparent`
-in place of the caller's, so that the backend's spans nest under it. The data plane only opens an
+bytes are written), whose parent is the caller's `traceparent` (with `trust_trace_context` off,
+a new trace's root, linked to the caller's span); and one client span per upstream attempt (a
+retry before the first byte is another), whose context goes upstream as `traceparent` in place
+of the caller's, so that the backend's spans nest under it. The data plane only opens an
 attempt per upstream request and ends it with its exchange: nothing per relayed chunk.
 
 No prompt, completion or tool-call text is ever put in a span, nor any header value but the
@@ -37,8 +38,9 @@ class WorkerTracer:
     when the app starts (`context`, a cleanup context) and flushed and shut down when it
     stops, so each of `--workers N` exports its own spans."""
 
-    def __init__(self, endpoint: TraceEndpoint) -> None:
+    def __init__(self, endpoint: TraceEndpoint, *, trust_callers: bool) -> None:
         self.endpoint = endpoint
+        self.trust_callers = trust_callers
         self._tracer: OtelTracer | None = None
 
     def begin(self, request: web.Request, route: str) -> RequestTrace | None:
@@ -49,7 +51,7 @@ class WorkerTracer:
     async def context(self, app: web.Application) -> AsyncIterator[None]:
         from proxy.server.telemetry.otel_spans import OtelTracer
 
-        tracer = self._tracer = OtelTracer(self.endpoint.url)
+        tracer = self._tracer = OtelTracer(self.endpoint.url, trust_callers=self.trust_callers)
         try:
             yield
         finally:
