@@ -44,6 +44,9 @@ class Option:
     # Shown commented out in the example config instead of a default that depends on the
     # machine (a path inside the checkout).
     example: str | None = None
+    # A share (0 to 1) the proxy draws against at random, per request: only 0 and 1 decide
+    # without a draw (the tests hold such settings there: tests/pinned_draws.py).
+    drawn: bool = False
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", **checks: Any) -> Any:
@@ -444,6 +447,7 @@ class Settings:
         help="share of Codec streams verified as they are served (0: none)",
         minimum=0,
         maximum=1,
+        drawn=True,
     )
     verify_refuse_after: int = option(
         0,

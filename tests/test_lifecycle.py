@@ -20,8 +20,8 @@ from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import BACKEND_METRICS, FakeUpstream, Script, load_capture
 from tests.llama_slots import busy_slots, generation_seconds, idle_long_before_done, wait_idle
 from tests.process_support import ServeProcess
@@ -261,7 +261,9 @@ async def test_two_workers_with_an_admin_port(
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
+    settings = pinned_draws.settings(
+        upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source
+    )
     # Served on the proxy's own connections, which tell a half-close from a client that left.
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 

@@ -29,6 +29,7 @@ from proxy.server.process.reload import (
 from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import ModelSettings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpClient, MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import policy_document, v04, write_policy
@@ -313,7 +314,7 @@ async def file_proxy(
     config = tmp_path / "codec-proxy.toml"
     base = f'upstream = "{upstream_url}"\ntokenizer = "{smollm2_gguf}"\ndrift_check = false\n'
     config.write_text(base)
-    source = ConfigSource(file=config, env={}, flags={"flush_frames": 5})
+    source = ConfigSource(file=config, env=pinned_draws.environment(), flags={"flush_frames": 5})
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source  # before the app starts, as the CLI does
     return FileProxy(await aiohttp_client(app), config, base)
@@ -418,7 +419,7 @@ async def test_a_refused_reload_never_logs_a_secret(
     config = tmp_path / "codec-proxy.yaml"
     base = f"upstream: {upstream_url}\ntokenizer: {smollm2_gguf}\ndrift_check: false\n"
     config.write_text(base + "api_key: [sk-live-4b9f8e21]\n")
-    source = ConfigSource(file=config)
+    source = ConfigSource(file=config, env=pinned_draws.environment())
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source
     await aiohttp_client(app)
@@ -468,7 +469,7 @@ async def guarded(
     config.write_text("\n".join(lines) + "\n")
     # Upstream and tokenizer from flags: an emptied file still loads.
     flags = {"upstream": upstream_url, "tokenizer": smollm2_gguf, "drift_check": False}
-    source = ConfigSource(file=config, env={}, flags=flags)
+    source = ConfigSource(file=config, env=pinned_draws.environment(), flags=flags)
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source
     return Guarded(await aiohttp_client(app), config, lines)

@@ -26,6 +26,7 @@ from proxy.server.control.admin import ADMIN_APP
 from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
 from proxy.trace_endpoint import TraceEndpoint, trace_endpoint
+from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.server.conftest import (
@@ -54,11 +55,9 @@ CALLER = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "v
 
 
 @pytest.fixture(autouse=True)
-def otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only what a test sets: spans leave the batch processor within 20 ms."""
-    for name in list(os.environ):
-        if name.startswith("OTEL_"):
-            monkeypatch.delenv(name)
+def batches_every_20_ms(otel_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans leave the batch processor within 20 ms (no other OTEL_* variable is set:
+    tests/conftest.py)."""
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 
 
@@ -202,7 +201,10 @@ async def main():
     backend.router.add_route("*", "/{{tail:.*}}", upstream)
     async with TestServer(backend) as server:
         url = str(server.make_url("")).rstrip("/")
-        settings = Settings(upstream=(url,), tokenizer={str(smollm2_gguf)!r}, drift_check=False)
+        settings = Settings(
+            upstream=(url,), tokenizer={str(smollm2_gguf)!r}, drift_check=False,
+            **{pinned_draws.PINNED!r},
+        )
         async with TestClient(ProxyServer(create_app(settings))) as client:
             json_body = {{"prompt": "Hi", "stream": True}}
             for body in (json_body, {{"prompt": "Hi", "stream_format": "msgpack"}}):
@@ -410,7 +412,7 @@ async def test_a_codec_stream_ends_its_span_after_its_terminal_frame(
     # The client's frames against the JSON the upstream sent.
     assert 0 < attributes["codec.bytes_sent"] < attributes["codec.upstream_bytes"]
     assert attributes["codec.upstream_bytes"] == len(capture.body)
-    assert "codec.verification" not in attributes  # not sampled
+    assert "codec.verification" not in attributes  # not sampled: the tests sample none
     assert server.status == "unset"
 
 
