@@ -3,7 +3,8 @@
 A setting marked `drawn` (proxy/settings.py) is a share the proxy draws against per request:
 `verify_sample_rate`, 0.01 by default, samples one Codec stream in a hundred, and a test that
 asserts anything a sampled stream changes (its span's attributes, the verification metrics,
-what the event loop schedules) then fails once in a hundred runs. At 0 or 1 nothing is drawn.
+what the event loop schedules) then fails in about one run in a hundred. At 0 or 1 nothing is
+drawn.
 
 So the tests' settings hold every drawn setting at 0 unless a test asks for another value
 (`settings`, `environment` for a `codec-proxy serve` process and its config files), and every
