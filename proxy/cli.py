@@ -28,8 +28,8 @@ from proxy import __version__, config, hangups, logs, pidfile
 from proxy.config import ConfigSource
 from proxy.core.errors import ConfigError
 from proxy.core.shown import without_credentials
-from proxy.otlp import tracing_config
 from proxy.settings import ModelSettings, Settings
+from proxy.trace_endpoint import trace_endpoint
 
 if TYPE_CHECKING:
     from proxy.server.models.served_models import ServedModels
@@ -174,7 +174,7 @@ def _checked(settings: Settings) -> Settings:
     restarted, again and again. So is where traces go (an OTEL_* variable the proxy cannot
     follow)."""
     settings.api_keys()
-    tracing_config(settings.otlp_traces_endpoint)
+    trace_endpoint(settings.otlp_traces_endpoint)
     return settings
 
 

@@ -44,6 +44,9 @@ class Option:
     # Shown commented out in the example config instead of a default that depends on the
     # machine (a path inside the checkout).
     example: str | None = None
+    # A share (0 to 1) the proxy draws against at random, per request: only 0 and 1 decide
+    # without a draw (the tests hold such settings there: tests/pinned_draws.py).
+    drawn: bool = False
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", **checks: Any) -> Any:
@@ -444,6 +447,7 @@ class Settings:
         help="share of Codec streams verified as they are served (0: none)",
         minimum=0,
         maximum=1,
+        drawn=True,
     )
     verify_refuse_after: int = option(
         0,
@@ -468,13 +472,21 @@ class Settings:
 
     # --- traces (docs/DEPLOY.md "Traces"); the other OTEL_* variables configure the rest ---
     # vLLM's flag has this name. The standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and
-    # OTEL_EXPORTER_OTLP_ENDPOINT turn traces on too (proxy/server/telemetry/tracing.py).
+    # OTEL_EXPORTER_OTLP_ENDPOINT turn traces on too (proxy/trace_endpoint.py).
     otlp_traces_endpoint: str | None = option(
         None,
         help="export OpenTelemetry traces over OTLP/HTTP to this URL (a bare collector URL gets "
         "/v1/traces); unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
         "if set, else no traces",
         url=True,
+    )
+    # Off for an endpoint open to callers whose trace context is only their word: otherwise any
+    # of them decides what is sampled and puts its spans into another's trace.
+    trust_trace_context: bool = option(
+        True,
+        help="a caller's traceparent is the parent of the proxy's spans and decides their "
+        "sampling, and its trace context goes upstream; false (internet-facing): each request "
+        "starts its own trace, the caller's kept only as a span link, none of it sent upstream",
     )
 
     def __post_init__(self) -> None:

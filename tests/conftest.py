@@ -18,6 +18,7 @@ from proxy.server.models.live import LIVE
 from proxy.server.process.runner import ProxyRunner
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 
 # `ci` keeps the whole of `make test` within its 15-minute budget on 2 cores; run the deep profile
 # (HYPOTHESIS_PROFILE=deep) after touching a parser or the retokenizer.
@@ -71,9 +72,32 @@ def qwen3_vocabulary() -> Vocabulary:
     return Vocabulary.build(load_tokenizer(assets.QWEN3_TOKENIZER.ensure()))
 
 
+@pytest.fixture(autouse=True)
+def otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `OTEL_*` variable of the shell running the tests reaches a proxy (a sampler that
+    draws, an exporter elsewhere): only what a test sets."""
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def draws_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `codec-proxy` process a test starts, and every configuration read from this
+    process's environment, has the drawn settings at 0 (tests/pinned_draws.py); a test that
+    samples sets its own value."""
+    for name, value in pinned_draws.environment().items():
+        monkeypatch.setenv(name, value)
+
+
 class ProxyTestServer(TestServer):
     """The app served as `codec-proxy serve` serves it: on the proxy's own connections, whose
-    streams are told at once when their client pauses, resumes or leaves."""
+    streams are told at once when their client pauses, resumes or leaves. Its settings draw
+    nothing at random (tests/pinned_draws.py)."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        pinned_draws.check(app[LIVE].current.settings, "the proxy app under test")
+        super().__init__(app, **kwargs)
 
     async def _make_runner(self, **kwargs: Any) -> ProxyRunner:
         return ProxyRunner(self.app, **kwargs)
@@ -82,15 +106,21 @@ class ProxyTestServer(TestServer):
 @pytest.fixture
 def aiohttp_client(
     aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
-) -> Callable[..., Awaitable[TestClient[web.Request, web.Application]]]:
+) -> Iterator[Callable[..., Awaitable[TestClient[web.Request, web.Application]]]]:
     """pytest-aiohttp's, serving a codec-proxy app on the proxy's own connections (as
-    `codec-proxy serve` does) and any other app as it would."""
+    `codec-proxy serve` does) and any other app as it would. A proxy app that a reload left
+    drawing at random fails the test too."""
+    served: list[web.Application] = []
 
     async def client(
         app_or_server: web.Application | TestServer, **kwargs: Any
     ) -> TestClient[web.Request, web.Application]:
         if isinstance(app_or_server, web.Application) and LIVE in app_or_server:
-            app_or_server = ProxyTestServer(app_or_server)
+            app = app_or_server
+            app_or_server = ProxyTestServer(app)
+            served.append(app)
         return await aiohttp_client(app_or_server, **kwargs)
 
-    return client
+    yield client
+    for app in served:
+        pinned_draws.check(app[LIVE].current.settings, "the proxy app under test, reloaded,")

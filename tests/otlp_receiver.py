@@ -33,6 +33,7 @@ class ReceivedSpan:
     status: str  # unset, ok, error
     resource: dict[str, Any]
     trace_state: str
+    links: tuple[tuple[str, str], ...]  # (trace id, span id) of each linked span
 
 
 def _value(value: AnyValue) -> Any:
@@ -88,6 +89,9 @@ class OtlpReceiver:
                             ),
                             resource=resource,
                             trace_state=span.trace_state,
+                            links=tuple(
+                                (link.trace_id.hex(), link.span_id.hex()) for link in span.links
+                            ),
                         )
                     )
         self.exports += 1

@@ -23,9 +23,9 @@ import pytest
 
 from proxy import assets
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames
 from tests.server.conftest import AiohttpClient, ProxyClient, default_model, drift_monitor
 from tests.test_e2e_llamacpp import direct_stream, request_body
@@ -56,7 +56,7 @@ def record(key: str, value: Any) -> None:
 async def right_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source, map_id=MAP_ID
     )
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
@@ -65,7 +65,7 @@ async def right_proxy(
 @pytest.fixture
 async def wrong_proxy(llama_server: str, aiohttp_client: AiohttpClient) -> ProxyClient:
     gpt2 = assets.llamacpp_vocab_dir() / "ggml-vocab-gpt-2.gguf"
-    settings = Settings(upstream=(llama_server,), tokenizer=gpt2)
+    settings = pinned_draws.settings(upstream=(llama_server,), tokenizer=gpt2)
     return await aiohttp_client(create_app(settings, load_tokenizer(gpt2)))
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.compression_support import CODINGS, decompress_whole, incremental_decompressor
 from tests.server.conftest import AiohttpClient, ProxyClient
@@ -31,7 +31,9 @@ PROMPT = "Once upon a time, in a land far away,"
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
+    settings = pinned_draws.settings(
+        upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source
+    )
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames
 from tests.server.conftest import AiohttpClient
 
@@ -33,7 +33,7 @@ async def test_refused_requests_leave_the_backend_in_rotation(
 ) -> None:
     # The one server listed twice (the trailing slash makes a second entry): with two upstreams
     # the last-one-stays rule cannot hide a request error that was counted.
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server, llama_server + "/"),
         tokenizer=smollm2_vocabulary.loaded.source,
         eject_after=EJECT_AFTER,

@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.compression_support import WireCounter, decompress_whole, incremental_decompressor
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.test_e2e_llamacpp import MAX_TOKENS, direct_stream, request_body
@@ -30,7 +30,7 @@ PROMPT = "Once upon a time, in a land far away,"
 async def compressing_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,),
         tokenizer=smollm2_vocabulary.loaded.source,
         json_compression="on",

@@ -28,8 +28,8 @@ from proxy import assets
 from proxy.core.stream.token_source import TokenIdMode
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.server.conftest import AiohttpClient, ProxyClient
 
@@ -118,7 +118,7 @@ def mismatch_class(tokenizer: Tokenizer, ours: list[int], model: list[int], text
 async def proxy_with(
     token_ids: TokenIdMode, llama_server: str, vocabulary: Vocabulary, client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,), tokenizer=vocabulary.loaded.source, token_ids=token_ids
     )
     return await client(create_app(settings, vocabulary))

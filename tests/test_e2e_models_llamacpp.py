@@ -28,9 +28,10 @@ from aiohttp import web
 from proxy import assets
 from proxy.server import create_app
 from proxy.server.data.upstreams import HEALTH_CHECK_HEADERS
-from proxy.settings import ModelSettings, Settings
+from proxy.settings import ModelSettings
 from proxy.tokenizers import LoadedTokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
 from tests.test_e2e_llamacpp import request_body
@@ -191,7 +192,7 @@ def deploy(
             "qwen": qwen3_vocabulary,
             "qwen-drifted": qwen3_vocabulary,
         }
-        app = create_app(Settings(models=models), vocabularies)
+        app = create_app(pinned_draws.settings(models=models), vocabularies)
         return Deployment(await aiohttp_client(app), relays, replays)
 
     return make

@@ -24,8 +24,8 @@ from openai import AsyncOpenAI, OpenAI
 from proxy import assets
 from proxy.sdk import AsyncCodecTransport, CodecTransport
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.test_e2e_llamacpp import MAX_TOKENS, PROMPTS
 
@@ -61,7 +61,9 @@ async def proxy(
 ) -> ProxyClient:
     # The defaults a deployment gets: backend IDs where llama.cpp reports them, the shipped
     # dictionaries, the flush schedule.
-    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_gguf, drift_check=False)
+    settings = pinned_draws.settings(
+        upstream=(llama_server,), tokenizer=smollm2_gguf, drift_check=False
+    )
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 

@@ -20,8 +20,8 @@ import pytest
 from proxy.server import create_app
 from proxy.server.models.live import LIVE
 from proxy.server.process.reload import reload
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames
 from tests.server.conftest import AiohttpClient, ProxyClient, app_of
 from tests.test_e2e_llamacpp import request_body
@@ -38,7 +38,7 @@ async def proxy(
     smollm2_vocabulary: Vocabulary,
     aiohttp_client: AiohttpClient,
 ) -> ProxyClient:
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,),
         tokenizer=smollm2_gguf,
         drift_check=False,

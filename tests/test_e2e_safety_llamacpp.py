@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames
 from tests.core.safety.support import descriptor
 from tests.llama_slots import generation_seconds, idle_long_before_done, wait_idle
@@ -49,7 +49,7 @@ async def policed_real(
     aiohttp_client: AiohttpClient,
     tmp_path: Path,
 ) -> ProxyClient:
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,),
         tokenizer=smollm2_vocabulary.loaded.source,
         safety_policy=stop_on_common_words(tmp_path / "policy.json"),

@@ -26,9 +26,9 @@ from proxy.core.http.upstream_body import UpstreamRequest
 from proxy.core.wire import codec_pb2
 from proxy.server import create_app
 from proxy.server.models.verification import _DECODERS
-from proxy.settings import Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.server.conftest import AiohttpClient, ProxyClient, default_model
 from tests.server.support import frames_of, ids_of
@@ -128,10 +128,10 @@ async def make_real_proxy(
 ) -> Any:
     async def make(mode: str, vocabulary: Vocabulary | None = None, **changes: Any) -> ProxyClient:
         vocabulary = vocabulary or smollm2_vocabulary
-        settings = Settings(
+        settings = pinned_draws.settings(
             upstream=(llama_server,),
             tokenizer=vocabulary.loaded.source,
-            token_ids=mode,  # type: ignore[arg-type]
+            token_ids=mode,
             **changes,
         )
         proxy = await aiohttp_client(create_app(settings, vocabulary))

@@ -3,13 +3,11 @@ decodes it (an OTLP/HTTP receiver in this process). Run with `-s` to see it prin
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.otlp_receiver import OtlpReceiver, render_trace
 from tests.server.conftest import AiohttpClient, AiohttpServer
 from tests.server.support import frames_of, post
@@ -27,13 +25,11 @@ async def test_a_codec_request_through_llama_cpp(
     aiohttp_server: AiohttpServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in list(os.environ):
-        if name.startswith("OTEL_"):
-            monkeypatch.delenv(name)
+    # No other OTEL_* variable is set (tests/conftest.py).
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
     receiver = OtlpReceiver()
     collector = await aiohttp_server(receiver.app())
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,),
         tokenizer=smollm2_vocabulary.loaded.source,
         otlp_traces_endpoint=str(collector.make_url("/")),  # the collector's base URL

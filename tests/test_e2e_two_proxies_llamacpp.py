@@ -23,8 +23,8 @@ from openai import AsyncOpenAI
 from proxy import assets
 from proxy.server import create_app
 from proxy.server.control import codec_upstream
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.test_e2e_llamacpp import MAX_TOKENS, PROMPTS
 from tests.test_e2e_openai_sdk_llamacpp import DETERMINISTIC, QUESTIONS, Downloads
@@ -42,7 +42,9 @@ async def inner(
     aiohttp_client: AiohttpClient,
 ) -> ProxyClient:
     """The server side, as deployed: backend IDs, the shipped dictionaries, the flush schedule."""
-    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_gguf, drift_check=False)
+    settings = pinned_draws.settings(
+        upstream=(llama_server,), tokenizer=smollm2_gguf, drift_check=False
+    )
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 
 
@@ -50,7 +52,7 @@ async def inner(
 async def edge(inner: ProxyClient, aiohttp_client: AiohttpClient) -> ProxyClient:
     """The client side: no tokenizer, the inner's map pinned from its index."""
     upstream = str(inner.make_url("")).rstrip("/")
-    settings = Settings(upstream=(upstream,), upstream_protocol="codec")
+    settings = pinned_draws.settings(upstream=(upstream,), upstream_protocol="codec")
     return await aiohttp_client(create_app(settings))
 
 

@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.server.raw_http import connections, parse
 
@@ -24,7 +24,7 @@ TIMEOUT = 1.0
 async def proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=(llama_server,),
         tokenizer=smollm2_vocabulary.loaded.source,
         request_timeout=TIMEOUT,

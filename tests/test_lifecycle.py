@@ -4,11 +4,10 @@ that leaves makes the real llama.cpp server stop generating at once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import signal
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -20,14 +19,24 @@ from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
 from proxy.embedded import free_port
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import BACKEND_METRICS, FakeUpstream, Script, load_capture
 from tests.llama_slots import busy_slots, generation_seconds, idle_long_before_done, wait_idle
-from tests.process_support import ServeProcess
+from tests.process_support import (
+    ServeProcess,
+    children,
+    listening_ports,
+    serving_worker,
+    workers_listen,
+)
 from tests.server.conftest import AiohttpClient, AiohttpServer, ProxyClient
+from tests.server.raw_http import RawConnection, request
 
 SAMPLE = "llamacpp-completions-sample.txt"
+COMPLETION = request(
+    "POST", "/v1/completions", b'{"prompt": "x"}', headers={"Content-Type": "application/json"}
+)
 
 
 class ProxyProcess(ServeProcess):
@@ -118,16 +127,28 @@ async def test_drain_timeout_ends_the_rest_with_a_terminal_frame(
 async def test_two_workers_share_the_port_and_their_metrics(
     slow_upstream: tuple[FakeUpstream, str], proxy_process: StartProxy
 ) -> None:
+    """Both workers serve (each connection is found in the worker that holds it), and either
+    one's /metrics counts every request."""
     _, url = slow_upstream
     proxy = proxy_process(url, "--workers", "2")
     await asyncio.to_thread(proxy.wait_ready)
-    requests = 30
-    for _ in range(requests):
+    await asyncio.to_thread(workers_listen, proxy, 2)
+    # Which worker served each request: requests until both have (at least 30 in all).
+    served_by: Counter[int] = Counter()
+    requests = 0
+    while requests < 30 or len(served_by) < 2:
+        assert requests < 200, f"one worker served every request: {served_by}"
         # A new connection each time, so the kernel spreads them over both workers.
-        async with aiohttp.ClientSession() as session:
-            async with session.post(proxy.url + "/v1/completions", json={"prompt": "x"}) as resp:
-                assert resp.status == 200
-                await resp.read()
+        connection = RawConnection(*await asyncio.open_connection("127.0.0.1", proxy.port))
+        try:
+            await connection.send(COMPLETION)
+            assert (await connection.response(30)).status == 200
+            # Kept alive: the worker that answered still holds the connection.
+            client_port = connection.writer.get_extra_info("sockname")[1]
+            served_by[serving_worker(proxy, client_port)] += 1
+        finally:
+            await connection.close()
+        requests += 1
     totals = set()
     for _ in range(6):
         async with aiohttp.ClientSession() as session:
@@ -152,27 +173,6 @@ async def test_two_workers_share_the_port_and_their_metrics(
 
 
 # --- an admin port (endpoint pickers scrape the serving port) ----------------------------------
-
-
-def children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def listening_ports(pid: int) -> set[int]:
-    """The TCP ports process `pid` has a listening socket on (Linux /proc)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target.removeprefix("socket:[").removesuffix("]"))
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 async def get(url: str) -> tuple[int, bytes]:
@@ -261,7 +261,9 @@ async def test_two_workers_with_an_admin_port(
 async def real_proxy(
     llama_server: str, smollm2_vocabulary: Vocabulary, aiohttp_client: AiohttpClient
 ) -> ProxyClient:
-    settings = Settings(upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source)
+    settings = pinned_draws.settings(
+        upstream=(llama_server,), tokenizer=smollm2_vocabulary.loaded.source
+    )
     # Served on the proxy's own connections, which tell a half-close from a client that left.
     return await aiohttp_client(create_app(settings, smollm2_vocabulary))
 

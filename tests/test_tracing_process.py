@@ -4,50 +4,15 @@ worker still holds is exported when SIGTERM drains it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import time
 from pathlib import Path
 
 import aiohttp
 
 from tests.fake_upstream import FakeUpstream
 from tests.otlp_receiver import OtlpReceiver
-from tests.process_support import ServeProcess
+from tests.process_support import ServeProcess, workers_listen
 from tests.server.conftest import AiohttpServer
-
-
-def listening(pid: int, port: int) -> bool:
-    """Whether process `pid` holds a socket listening on 127.0.0.1:`port`."""
-    fds = Path(f"/proc/{pid}/fd")
-    held = set()
-    for fd in fds.iterdir():
-        with contextlib.suppress(OSError):
-            held.add(os.readlink(fd))
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, state, inode = fields[1], fields[3], fields[9]
-        if state == "0A" and int(local.split(":")[1], 16) == port and f"socket:[{inode}]" in held:
-            return True
-    return False
-
-
-def listeners(proxy: ServeProcess) -> int:
-    """How many of the supervisor's children listen on its port (one is multiprocessing's
-    resource tracker)."""
-    pid = proxy.proc.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return sum(listening(int(child), proxy.port) for child in children)
-
-
-def both_workers_listen(proxy: ServeProcess) -> None:
-    """/readyz answers as soon as one worker serves: the kernel gives every connection to it
-    until the other listens too."""
-    deadline = time.monotonic() + 90
-    while listeners(proxy) < 2:
-        assert time.monotonic() < deadline, "the second worker never listened"
-        time.sleep(0.1)
 
 
 async def test_each_worker_exports_its_spans_and_a_drain_flushes_them(
@@ -68,7 +33,7 @@ async def test_each_worker_exports_its_spans_and_a_drain_flushes_them(
     )  # fmt: skip
     try:
         await asyncio.to_thread(proxy.wait_ready)
-        await asyncio.to_thread(both_workers_listen, proxy)
+        await asyncio.to_thread(workers_listen, proxy, 2)
         requests = 20
         for _ in range(requests):
             # A new connection each time, so the kernel spreads them over both workers.

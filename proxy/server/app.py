@@ -12,7 +12,6 @@ from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.endpoints import CHAT, CODEC_REQUEST_PATH, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
-from proxy.otlp import tracing_config
 from proxy.server.control import local, model_list, well_known
 from proxy.server.control.admin import ADMIN_APP, admin_app
 from proxy.server.control.auth import api_key_middleware
@@ -44,9 +43,10 @@ from proxy.server.models.served_models import (
 from proxy.server.process.reload import ON_RELOAD, install_reloads
 from proxy.server.telemetry.metrics import METRICS, Metrics
 from proxy.server.telemetry.record import echo_request_id
-from proxy.server.telemetry.traces import echo_trace
-from proxy.server.telemetry.tracing import TRACING, Tracing
+from proxy.server.telemetry.request_trace import echo_trace
+from proxy.server.telemetry.worker_tracer import WORKER_TRACER, WorkerTracer
 from proxy.settings import Settings
+from proxy.trace_endpoint import trace_endpoint
 
 
 def routes(*, probes: bool = True) -> list[web.RouteDef]:
@@ -83,7 +83,7 @@ def create_app(
     TokenizerLoadError, TokenizerMapError, DictionaryError or ConfigError.
     """
     # Before the tokenizers load (the CLI has checked it before the workers start).
-    traces = tracing_config(settings.otlp_traces_endpoint)
+    endpoint = trace_endpoint(settings.otlp_traces_endpoint)
     served = build_served_models(settings, tokenizer, dictionaries=dictionaries)
     live = build_live(settings, {m.name: m.vocabulary for m in served if not m.speaks_codec})
     # With an admin listener the probes and the proxy's metrics are there, and these paths are
@@ -126,10 +126,12 @@ def create_app(
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
     app.on_response_prepare.append(echo_request_id)
-    if traces is not None:
+    if endpoint is not None:
         # Started first, so that it is shut down last: after the streams and their upstreams.
-        tracing = app[TRACING] = Tracing(traces)
-        app.cleanup_ctx.append(tracing.context)
+        tracer = app[WORKER_TRACER] = WorkerTracer(
+            endpoint, trust_callers=settings.trust_trace_context
+        )
+        app.cleanup_ctx.append(tracer.context)
         app.on_response_prepare.append(echo_trace)
     app.on_response_prepare.append(announce_server_version)
     # The one place the header floors are applied (server/control/versioning.py): after every

@@ -10,7 +10,9 @@
     did not choose, is beside `errors`, below every stage)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
-imports nothing of the rest of `proxy`; and no module of `proxy` takes part in an import cycle.
+imports nothing of the rest of `proxy`; no module of `proxy` takes part in an import cycle; and
+OpenTelemetry is loaded by one module (the spans'), which the worker's tracer loads only once
+traces are on.
 The graph is read from the source (`ast`), so a test failure names the offending import line.
 """
 
@@ -142,6 +144,50 @@ def server_violations() -> list[str]:
     return found
 
 
+# The one module that imports OpenTelemetry, and the one that may import it: in a function or
+# for type checking only, so that a proxy without an OTLP endpoint loads none of it
+# (docs/ARCHITECTURE.md, "Where each concern lives").
+OTEL_SPANS = "proxy.server.telemetry.otel_spans"
+WORKER_TRACER = "proxy.server.telemetry.worker_tracer"
+
+
+def top_level_imports(name: str) -> set[str]:
+    """What `name` imports when it is loaded: its module body's imports, `if TYPE_CHECKING:`
+    left out (any other block counts, so a try/except import is seen)."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            pending.extend(node.orelse)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                pending.extend(getattr(node, block, []))
+        elif isinstance(node, ast.ExceptHandler):
+            pending.extend(node.body)
+    return found
+
+
+def opentelemetry_users() -> dict[str, set[str]]:
+    """Modules of `proxy` that import OpenTelemetry, or the module that does, when loaded."""
+    users: dict[str, set[str]] = {}
+    for name in MODULES:
+        loaded = {
+            target
+            for target in top_level_imports(name)
+            if target.split(".")[0] == "opentelemetry" or target == OTEL_SPANS
+        }
+        if loaded:
+            users[name] = loaded
+    return users
+
+
 def import_cycles() -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     graph = {name: sorted({target for _, target in imports_of(name)}) for name in MODULES}
@@ -236,3 +282,24 @@ def test_the_checks_see_a_violation_and_a_cycle(monkeypatch) -> None:
         [m for m in cycle if m in {"proxy.core.stream.transcode", "proxy.core.wire.frames"}]
         for cycle in import_cycles()
     ]
+
+
+def test_only_the_span_module_loads_opentelemetry() -> None:
+    users = opentelemetry_users()
+    assert set(users) == {OTEL_SPANS}
+    # The worker's tracer imports it only once traces are on (in a function).
+    assert any(target == OTEL_SPANS for _, target in imports_of(WORKER_TRACER))
+    assert WORKER_TRACER not in users
+
+
+def test_the_opentelemetry_check_sees_a_module_that_loads_it(monkeypatch) -> None:
+    real = top_level_imports
+
+    def planted(name: str) -> set[str]:
+        found = real(name)
+        if name == "proxy.server.control.observe":
+            found |= {OTEL_SPANS}
+        return found
+
+    monkeypatch.setitem(globals(), "top_level_imports", planted)
+    assert "proxy.server.control.observe" in opentelemetry_users()

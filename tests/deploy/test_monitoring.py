@@ -37,9 +37,9 @@ from proxy.embedded import free_port
 from proxy.server import create_app
 from proxy.server.models.live import LIVE
 from proxy.server.process.reload import reload
-from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
@@ -514,7 +514,7 @@ async def fleet(
 
     async def proxy(vocabulary: Vocabulary, **settings: Any) -> ProxyClient:
         # ProxyTestServer listens on a real 127.0.0.1 port, which Prometheus scrapes.
-        app = create_app(Settings(tokenizer=smollm2_gguf, **settings), vocabulary)
+        app = create_app(pinned_draws.settings(tokenizer=smollm2_gguf, **settings), vocabulary)
         return await aiohttp_client(app)
 
     good, flaky, corrupted = FakeUpstream(), FakeUpstream(), FakeUpstream()

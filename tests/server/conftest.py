@@ -17,6 +17,7 @@ from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.served_models import SERVED_MODELS, ServedModel
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream
 from tests.server.raw_http import Connect, connections
 
@@ -56,7 +57,9 @@ async def upstream_url(upstream: FakeUpstream, aiohttp_server: AiohttpServer) ->
 def settings(upstream_url: str, smollm2_gguf: Path) -> Settings:
     # The fake replays captured streams on every path, /tokenize included: no drift check
     # here (tests/server/test_drift.py runs it against fakes that do tokenize).
-    return Settings(upstream=(upstream_url,), tokenizer=smollm2_gguf, drift_check=False)
+    return pinned_draws.settings(
+        upstream=(upstream_url,), tokenizer=smollm2_gguf, drift_check=False
+    )
 
 
 @pytest.fixture

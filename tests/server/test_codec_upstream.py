@@ -30,6 +30,7 @@ from proxy.server.models import upstream_maps
 from proxy.server.models.upstream_maps import UpstreamMaps
 from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import Capture, FakeUpstream, RecordedRequest, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
@@ -168,7 +169,7 @@ def make_edge(aiohttp_client: AiohttpClient) -> MakeEdge:
     """An edge proxy (`upstream_protocol = "codec"`) in front of `upstream`."""
 
     async def make(upstream: str, **changes: Any) -> ProxyClient:
-        settings = Settings(upstream=(upstream,), upstream_protocol="codec", **changes)
+        settings = pinned_draws.settings(upstream=(upstream,), upstream_protocol="codec", **changes)
         return await aiohttp_client(create_app(settings))
 
     return make

@@ -19,9 +19,9 @@ from aiohttp import web
 
 from proxy import assets
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer, load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import load_capture
 from tests.server.conftest import (
     AiohttpClient,
@@ -103,7 +103,7 @@ async def start_proxy(
 ) -> ProxyClient:
     server = await aiohttp_server(backend.app())
     url = str(server.make_url("")).rstrip("/")
-    settings = Settings(upstream=(url,), tokenizer=smollm2_gguf)
+    settings = pinned_draws.settings(upstream=(url,), tokenizer=smollm2_gguf)
     return await aiohttp_client(create_app(replace(settings, **changes), vocabulary))
 
 

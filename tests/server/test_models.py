@@ -35,6 +35,7 @@ from proxy.server.models.served_models import SERVED_MODELS, ServedModel
 from proxy.settings import DEFAULT_DICTIONARIES_MANIFEST, ModelSettings, Settings
 from proxy.tokenizers import LoadedTokenizer, TokenizerLoadError
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames
 from tests.compression_support import decompress_whole
 from tests.fake_upstream import FakeUpstream, Script, load_capture
@@ -116,7 +117,7 @@ def deploy(aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient) -> Depl
                 url = str(server.make_url("")).rstrip("/")
                 backends[entry.name] = backend
             entries.append(ModelSettings(**{**entry.__dict__, "upstreams": (url,)}))
-        settings = Settings(models=tuple(entries), **{"drift_check": False, **changes})
+        settings = pinned_draws.settings(models=tuple(entries), **{"drift_check": False, **changes})
         vocabularies = {entry.name: vocabulary for entry, vocabulary, _ in models}
         app = create_app(settings, vocabularies)
         return Deployment(await aiohttp_client(app), backends)
@@ -1109,7 +1110,9 @@ async def test_one_model_by_flags_serves_any_name_and_relays_the_listing(
     backend = replaying(SMOL_CAPTURE, "backend-name")
     server = await aiohttp_server(backend.app())
     url = str(server.make_url("")).rstrip("/")
-    settings = Settings(upstream=(url,), tokenizer=smollm2_gguf, model=model, drift_check=False)
+    settings = pinned_draws.settings(
+        upstream=(url,), tokenizer=smollm2_gguf, model=model, drift_check=False
+    )
     proxy = await aiohttp_client(create_app(settings, smollm2_vocabulary))
     for name in ("anything", "gpt-4o", None):
         payload = {**CODEC, **({} if name is None else {"model": name})}

@@ -25,10 +25,12 @@ from proxy.server.process.reload import (
     ReloadResult,
     reload,
     reload_config,
+    schedule_reload,
 )
 from proxy.server.telemetry.metrics import METRICS
 from proxy.settings import ModelSettings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import AiohttpClient, MakeProxy, ProxyClient, app_of
 from tests.server.policy_support import policy_document, v04, write_policy
@@ -313,10 +315,32 @@ async def file_proxy(
     config = tmp_path / "codec-proxy.toml"
     base = f'upstream = "{upstream_url}"\ntokenizer = "{smollm2_gguf}"\ndrift_check = false\n'
     config.write_text(base)
-    source = ConfigSource(file=config, env={}, flags={"flush_frames": 5})
+    source = ConfigSource(file=config, env=pinned_draws.environment(), flags={"flush_frames": 5})
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source  # before the app starts, as the CLI does
     return FileProxy(await aiohttp_client(app), config, base)
+
+
+async def test_signalled_reloads_read_and_apply_their_files_one_at_a_time(
+    file_proxy: FileProxy, tmp_path: Path
+) -> None:
+    """Two SIGHUPs (`schedule_reload` is what the handler calls), the file rewritten between
+    them: the second file is what stays. The first reload compiles a safety policy in a thread,
+    so it awaits; unserialized, the second would read its file and be applied meanwhile, and the
+    first would then put the older file back."""
+    app = app_of(file_proxy.client)
+    file_proxy.write(f'safety_policy = "{write_policy(tmp_path)}"\nflush_interval_ms = 10\n')
+    first = schedule_reload(app)
+    await asyncio.sleep(0)  # the first has read its file, and awaits the policy's compilation
+    file_proxy.write('safety_policy = "none"\nflush_interval_ms = 20\n')
+    second = schedule_reload(app)
+    results = await asyncio.gather(first, second)
+    assert [(r.ok, r.generation) for r in results] == [(True, 1), (True, 2)]
+    # Each read and applied after the one before: the second takes the policy out again.
+    assert [set(r.changed) for r in results] == [{"safety_policy", "flush_interval_ms"}] * 2
+    current = app[LIVE].current
+    assert current.generation == 2
+    assert (current.settings.flush_interval_ms, current.settings.safety_policy) == (20, None)
 
 
 async def test_a_reload_reads_the_file_again_and_flags_still_beat_it(
@@ -418,7 +442,7 @@ async def test_a_refused_reload_never_logs_a_secret(
     config = tmp_path / "codec-proxy.yaml"
     base = f"upstream: {upstream_url}\ntokenizer: {smollm2_gguf}\ndrift_check: false\n"
     config.write_text(base + "api_key: [sk-live-4b9f8e21]\n")
-    source = ConfigSource(file=config)
+    source = ConfigSource(file=config, env=pinned_draws.environment())
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source
     await aiohttp_client(app)
@@ -468,7 +492,7 @@ async def guarded(
     config.write_text("\n".join(lines) + "\n")
     # Upstream and tokenizer from flags: an emptied file still loads.
     flags = {"upstream": upstream_url, "tokenizer": smollm2_gguf, "drift_check": False}
-    source = ConfigSource(file=config, env={}, flags=flags)
+    source = ConfigSource(file=config, env=pinned_draws.environment(), flags=flags)
     app = create_app(source.load(), smollm2_vocabulary)
     app[CONFIG_SOURCE] = source
     return Guarded(await aiohttp_client(app), config, lines)

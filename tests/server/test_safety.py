@@ -13,9 +13,9 @@ import pytest
 
 from proxy.core.errors import ConfigError
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers import LoadedTokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient
@@ -289,7 +289,7 @@ async def test_rules_appear_in_no_public_byte(
     broken = policy_document()
     broken["rules"]["regexes"][0]["pattern"] += "("
     (tmp_path / "broken").mkdir()
-    settings = Settings(
+    settings = pinned_draws.settings(
         upstream=("http://127.0.0.1:9",),
         tokenizer=tmp_path,
         safety_policy=write_policy(tmp_path / "broken", broken),

@@ -23,6 +23,7 @@ from proxy.server.data.upstreams import ProcessStreams
 from proxy.server.models.served_models import SERVED_MODELS
 from proxy.settings import ModelSettings, Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
@@ -131,7 +132,7 @@ async def start(
             url = str(server.make_url("")).rstrip("/")
             own = (entries or {}).get(name, {})
             models.append(ModelSettings(name, (url,), smollm2_gguf, **own))
-        settings = Settings(models=tuple(models), drift_check=False, **changes)
+        settings = pinned_draws.settings(models=tuple(models), drift_check=False, **changes)
         vocabularies = dict.fromkeys(backends, smollm2_vocabulary)
         client = await aiohttp_client(create_app(settings, vocabularies))
         started.append(Proxy(client))

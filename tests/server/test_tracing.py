@@ -22,10 +22,11 @@ from proxy.cli import build_parser, check_config
 from proxy.core.backend.readiness import Check
 from proxy.core.errors import ConfigError
 from proxy.core.wire.decoder import FrameDecoder
-from proxy.otlp import TracingConfig, tracing_config
 from proxy.server.control.admin import ADMIN_APP
 from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.client_protocol import HALF_CLOSE_GRACE
+from proxy.trace_endpoint import TraceEndpoint, trace_endpoint
+from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.server.conftest import (
@@ -54,11 +55,9 @@ CALLER = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "v
 
 
 @pytest.fixture(autouse=True)
-def otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only what a test sets: spans leave the batch processor within 20 ms."""
-    for name in list(os.environ):
-        if name.startswith("OTEL_"):
-            monkeypatch.delenv(name)
+def batches_every_20_ms(otel_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans leave the batch processor within 20 ms (no other OTEL_* variable is set:
+    tests/conftest.py)."""
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 
 
@@ -141,8 +140,8 @@ def assert_tree(spans: list[ReceivedSpan], upstream: FakeUpstream) -> tuple[Rece
 def test_traces_are_on_only_with_an_endpoint(
     configured: str | None, environ: dict[str, str], endpoint: str | None
 ) -> None:
-    config = tracing_config(configured, environ)
-    assert config == (None if endpoint is None else TracingConfig(endpoint))
+    config = trace_endpoint(configured, environ)
+    assert config == (None if endpoint is None else TraceEndpoint(endpoint))
 
 
 @pytest.mark.parametrize(
@@ -157,7 +156,7 @@ def test_traces_are_on_only_with_an_endpoint(
 def test_what_the_proxy_cannot_export_fails_at_start(environ: dict[str, str], message: str) -> None:
     configured = None if "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in environ else "http://c:4318"
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        tracing_config(configured, environ)
+        trace_endpoint(configured, environ)
 
 
 def test_the_check_before_start_refuses_what_the_proxy_cannot_export(
@@ -202,7 +201,10 @@ async def main():
     backend.router.add_route("*", "/{{tail:.*}}", upstream)
     async with TestServer(backend) as server:
         url = str(server.make_url("")).rstrip("/")
-        settings = Settings(upstream=(url,), tokenizer={str(smollm2_gguf)!r}, drift_check=False)
+        settings = Settings(
+            upstream=(url,), tokenizer={str(smollm2_gguf)!r}, drift_check=False,
+            **{pinned_draws.PINNED!r},
+        )
         async with TestClient(ProxyServer(create_app(settings))) as client:
             json_body = {{"prompt": "Hi", "stream": True}}
             for body in (json_body, {{"prompt": "Hi", "stream_format": "msgpack"}}):
@@ -234,6 +236,78 @@ async def test_off_the_callers_trace_context_passes_through_as_sent(
     assert upstream_traceparent(upstream) == CALLER["traceparent"]
     [line] = [r.fields for r in caplog.records if hasattr(r, "fields")]
     assert line["trace_id"] is None
+
+
+async def test_off_an_untrusted_callers_trace_context_is_not_sent_upstream(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(trust_trace_context=False)
+    for body in (CODEC, JSON):
+        status, _, _ = await post(proxy, "/v1/completions", json=body, headers=CALLER)
+        assert status == 200
+    assert len(upstream.requests) == 2
+    for request in upstream.requests:
+        sent = {name.lower() for name, _ in request.raw_headers}
+        assert sent.isdisjoint({b"traceparent", b"tracestate"})
+        assert b"x-request-id" in sent  # the other end-to-end fields still go
+
+
+# --- callers not trusted with trace context (internet-facing) ---------------------------------
+
+
+@pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
+async def test_under_a_zero_ratio_only_a_trusted_callers_flag_samples(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    receiver: tuple[OtlpReceiver, str],
+    monkeypatch: pytest.MonkeyPatch,
+    trusted: bool,
+) -> None:
+    """`parentbased_traceidratio` at 0: a trusted caller's sampled `traceparent` still has
+    every one of its requests exported; an untrusted caller's decides nothing."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    proxy = await make_proxy(otlp_traces_endpoint=receiver[1], trust_trace_context=trusted)
+    for _ in range(10):
+        status, headers, _ = await post(proxy, "/v1/completions", json=CODEC, headers=CALLER)
+        assert status == 200
+        assert sampled(headers["traceresponse"]).endswith("-01" if trusted else "-00")
+    await proxy.close()  # the provider's shutdown exports whatever it still holds
+    assert len(receiver[0].spans) == (20 if trusted else 0)
+
+
+async def test_an_untrusted_callers_trace_is_only_linked(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    receiver: tuple[OtlpReceiver, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A caller that names another's trace gets a trace of its own: the one it named holds none
+    of the proxy's spans, and the backend gets no trace context of the caller's."""
+    caplog.set_level(logging.INFO)
+    proxy = await make_proxy(otlp_traces_endpoint=receiver[1], trust_trace_context=False)
+    traceresponses = []
+    for _ in range(2):
+        status, headers, _ = await post(proxy, "/v1/completions", json=CODEC, headers=CALLER)
+        assert status == 200
+        traceresponses.append(sampled(headers["traceresponse"]))
+    spans = await receiver[0].wait_for(4)
+    servers = sorted((s for s in spans if s.kind == "server"), key=lambda s: s.start)
+    assert CALLER_TRACE not in {s.trace_id for s in spans}
+    assert len({s.trace_id for s in servers}) == 2  # one new trace per request
+    for server in servers:
+        assert server.parent_id == ""
+        assert server.links == ((CALLER_TRACE, CALLER_SPAN),)
+        [client] = [s for s in spans if s.parent_id == server.span_id]
+        assert (client.trace_id, client.kind, client.links) == (server.trace_id, "client", ())
+    # The responses, the access log lines and the upstream requests name the proxy's traces.
+    assert traceresponses == [traceparent_of(s) for s in servers]
+    lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
+    assert [line["trace_id"] for line in lines] == [s.trace_id for s in servers]
+    [client] = [s for s in spans if s.parent_id == servers[-1].span_id]
+    assert sampled(upstream_traceparent(upstream)) == traceparent_of(client)
+    raw = [(k.lower(), v) for k, v in upstream.requests[-1].raw_headers]
+    assert [k for k, _ in raw if k in (b"traceparent", b"tracestate")] == [b"traceparent"]
 
 
 # --- the span tree of each kind of request ----------------------------------------------------
@@ -338,7 +412,7 @@ async def test_a_codec_stream_ends_its_span_after_its_terminal_frame(
     # The client's frames against the JSON the upstream sent.
     assert 0 < attributes["codec.bytes_sent"] < attributes["codec.upstream_bytes"]
     assert attributes["codec.upstream_bytes"] == len(capture.body)
-    assert "codec.verification" not in attributes  # not sampled
+    assert "codec.verification" not in attributes  # not sampled: the tests sample none
     assert server.status == "unset"
 
 

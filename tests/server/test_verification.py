@@ -24,6 +24,7 @@ from proxy.server.process.reload import reload_config
 from proxy.settings import ModelSettings, Settings
 from proxy.tokenizers import load_tokenizer
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.fake_upstream import Capture, FakeUpstream, Script, load_capture
 from tests.server.conftest import (
     AiohttpClient,
@@ -154,7 +155,7 @@ async def refusing_deployment(
     server = await aiohttp_server(backend.app())
     url = (str(server.make_url("")).rstrip("/"),)
     text = load_capture(CAPTURE).stream_text()
-    settings = Settings(
+    settings = pinned_draws.settings(
         models=(
             ModelSettings("bad", url, smollm2_gguf, map_id="smol-swapped"),
             ModelSettings("good", url, smollm2_gguf),

@@ -20,6 +20,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+# W3C Trace Context's fields (§3.2 `traceparent`, §3.3 `tracestate`): the caller's trace.
+TRACE_CONTEXT_FIELDS = frozenset({"traceparent", "tracestate"})
+
 
 def end_to_end(
     headers: Iterable[tuple[str, str]], *, drop: Iterable[str] = ()

@@ -57,7 +57,7 @@ from proxy.server.models.served_models import SERVED_MODELS, ServedModel, model_
 from proxy.server.models.verification import verdict_label
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD
-from proxy.server.telemetry.traces import TRACE
+from proxy.server.telemetry.request_trace import TRACE
 
 log = logging.getLogger("codec_proxy")
 

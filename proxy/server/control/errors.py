@@ -18,7 +18,7 @@ from aiohttp.typedefs import Handler
 from proxy.core.errors import ProxyError, UpgradeRequired
 from proxy.core.shown import clipped, quoted
 from proxy.server.telemetry.record import RECORD
-from proxy.server.telemetry.traces import TRACE
+from proxy.server.telemetry.request_trace import TRACE
 
 log = logging.getLogger("codec_proxy")
 

@@ -14,7 +14,7 @@ from proxy.server.models.live import config_of
 from proxy.server.models.served_models import model_of
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD
-from proxy.server.telemetry.traces import TRACE
+from proxy.server.telemetry.request_trace import TRACE
 
 
 def stream_context(request: web.Request, mode: str) -> StreamContext:

@@ -50,7 +50,7 @@ from proxy.server.control.relay import relay
 from proxy.server.control.request_body import read_request_body
 from proxy.server.models.live import config_of
 from proxy.server.models.served_models import ServedModel, route_request
-from proxy.server.telemetry.traces import TRACE
+from proxy.server.telemetry.request_trace import TRACE
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ import logging
 from aiohttp import web
 
 from proxy.core.errors import BadRequest
-from proxy.core.http.headers import end_to_end
+from proxy.core.http.headers import TRACE_CONTEXT_FIELDS, end_to_end
 from proxy.core.shown import quoted
 from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
@@ -39,7 +39,8 @@ def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list
     """The client's end-to-end headers for the upstream request, with our request id.
 
     Not the client's Authorization when it carried the proxy's own API key
-    (proxy/server/control/auth.py).
+    (proxy/server/control/auth.py), nor its trace context when it is not trusted
+    (`trust_trace_context`: a traced request's attempt sends its own, data/upstreams.py).
     """
     try:
         raw = _as_sent(request.raw_headers)
@@ -48,8 +49,11 @@ def forward_headers(request: web.Request, *, drop: tuple[str, ...] = ()) -> list
             "a request header holds bytes that are not UTF-8; they cannot be relayed unchanged",
             code="invalid_header_bytes",
         ) from exc
-    if not config_of(request).forward_authorization:
+    live = config_of(request)
+    if not live.forward_authorization:
         drop = (*drop, "authorization")
+    if not live.settings.trust_trace_context:
+        drop = (*drop, *TRACE_CONTEXT_FIELDS)
     headers = end_to_end(raw, drop=(*_REQUEST_DROP, REQUEST_ID_HEADER.lower(), *drop))
     # The request id travels upstream (vLLM logs it), the client's or the one we made up.
     return [*headers, (REQUEST_ID_HEADER, request[RECORD].forwarded_id)]

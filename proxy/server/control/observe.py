@@ -5,7 +5,7 @@ The access log is one line per request (JSON by default): ids (the proxy's own a
 bytes, time to first byte, duration and outcome (the fields of `RequestRecord`,
 proxy/server/telemetry/record.py), and the trace id when traces are exported.
 
-With traces on (proxy/server/telemetry/tracing.py), every request of the serving port but the
+With traces on (proxy/server/telemetry/worker_tracer.py), every request of the serving port but the
 probes and scrapes has its server span from here: begun before the handler, ended once the
 handler has returned, which a streamed response's handler does only after its last bytes are
 written.
@@ -24,8 +24,8 @@ from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.drain import is_shutdown
 from proxy.server.telemetry.metrics import METRICS
 from proxy.server.telemetry.record import RECORD, RequestRecord, new_record, stream_end
-from proxy.server.telemetry.traces import TRACE
-from proxy.server.telemetry.tracing import TRACING
+from proxy.server.telemetry.request_trace import TRACE
+from proxy.server.telemetry.worker_tracer import WORKER_TRACER
 
 access_log = logging.getLogger("codec_proxy.access")
 
@@ -42,11 +42,11 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
     record = new_record(request, _route_name(request))
     request[RECORD] = record
     metrics = request.app[METRICS]
-    tracing = request.app.get(TRACING)
+    tracer = request.app.get(WORKER_TRACER)
     trace = None
     # By path: with an admin port these are relayed to the backend's, and just as frequent.
-    if tracing is not None and request.path not in PROBE_PATHS:
-        trace = tracing.begin(request, record.route)
+    if tracer is not None and request.path not in PROBE_PATHS:
+        trace = tracer.begin(request, record.route)
         if trace is not None:
             request[TRACE] = trace
             record.trace_id = trace.trace_id

@@ -11,7 +11,7 @@ from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstreams import UpstreamPool
 from proxy.server.telemetry.metrics import Metrics
 from proxy.server.telemetry.record import RequestRecord
-from proxy.server.telemetry.traces import RequestTrace
+from proxy.server.telemetry.request_trace import RequestTrace
 
 
 @dataclass(frozen=True, slots=True)

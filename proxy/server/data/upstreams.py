@@ -37,6 +37,7 @@ from proxy.core.backend.balancer import Balancer, UpstreamState, is_gateway_fail
 from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.framing import request_head
+from proxy.core.http.headers import TRACE_CONTEXT_FIELDS
 from proxy.server.data.connections import ConnectionPool, Origin
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstream_protocol import (
@@ -46,7 +47,7 @@ from proxy.server.data.upstream_protocol import (
     UpstreamConnectionError,
 )
 from proxy.server.telemetry.metrics import Metrics
-from proxy.server.telemetry.traces import RequestTrace, UpstreamAttempt
+from proxy.server.telemetry.request_trace import RequestTrace, UpstreamAttempt
 from proxy.settings import UNNAMED_MODEL, Settings
 
 log = logging.getLogger("codec_proxy")
@@ -64,9 +65,6 @@ HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 _STALE_RETRIES = 2
 # The client's request head names these itself; the upstream request gets its own.
 _OWN_REQUEST_FIELDS = frozenset({"host", "content-length", "expect"})
-# A traced request's upstream attempt sends its own trace context: the caller's is the parent of
-# the proxy's server span, and the backend's spans belong under the attempt's.
-_TRACE_CONTEXT_FIELDS = frozenset({"traceparent", "tracestate"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "DELETE", "CONNECT"})
 
 
@@ -84,7 +82,9 @@ def _request_head(
     attempt's `trace_context` in place of the client's when the request is traced."""
     own = _OWN_REQUEST_FIELDS | ({"authorization"} if origin.authorization else set())
     if trace_context:
-        own |= _TRACE_CONTEXT_FIELDS
+        # The caller's is the parent of the proxy's server span (or only its link), and the
+        # backend's spans belong under the attempt's.
+        own |= TRACE_CONTEXT_FIELDS
     fields = [("Host", origin.host_header)]
     fields += [(name, value) for name, value in headers if name.lower() not in own]
     if origin.authorization:

@@ -33,7 +33,7 @@ class RequestRecord:
     route: str
     # The client's `X-Request-Id`, when it sent one fit for logs and headers.
     client_request_id: str | None = None
-    # The request's trace (32 hex digits), when traces are exported (telemetry/tracing.py).
+    # The request's trace (32 hex digits), when traces are exported (telemetry/worker_tracer.py).
     trace_id: str | None = None
     started: float = field(default_factory=time.monotonic)
     mode: str = "local"  # codec | passthrough | local (answered by the proxy itself)

@@ -1,4 +1,4 @@
-"""The spans, made with the OpenTelemetry SDK: imported only when tracing is on (tracing.py).
+"""The spans, made with the OpenTelemetry SDK: imported only when tracing is on (worker_tracer.py).
 
 Spans are handed to a `BatchSpanProcessor`, whose own thread encodes and exports them over
 OTLP/HTTP: ending a span only queues it, and exporting never waits on the event loop (or the
@@ -18,21 +18,24 @@ from typing import Final
 
 from aiohttp import web
 from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 from proxy import __version__
 from proxy.core.stream.transcode import StreamOutcome
 from proxy.server.telemetry.record import RequestRecord
-from proxy.server.telemetry.traces import Origin, RequestTrace, UpstreamAttempt
+from proxy.server.telemetry.request_trace import Origin, RequestTrace, UpstreamAttempt
 
 # W3C Trace Context: `traceparent` read from the caller, written to the upstream.
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
+# No parent: a span started with it is the root of a new trace.
+_NEW_TRACE: Final = Context()
 _ERROR: Final = Status(StatusCode.ERROR)
 # Methods the HTTP conventions name; any other is `_OTHER` (a client's token, unbounded).
 _METHODS: Final = frozenset(
@@ -52,7 +55,9 @@ Attributes = dict[str, AttributeValue]
 class OtelTracer:
     """A worker's tracer provider, its exporter and batching thread."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, *, trust_callers: bool) -> None:
+        # Off: a caller's trace context is only a link (OpenTelemetry's "public endpoint").
+        self._trust_callers = trust_callers
         # The standard variables (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) win over ours.
         detected = OTELResourceDetector().detect().attributes
         resource = Resource.create(
@@ -76,9 +81,13 @@ class OtelTracer:
         if route not in _NO_TEMPLATE:
             attributes["http.route"] = route
             name = f"{method} {route}"
-        span = self._tracer.start_span(
-            name, _PROPAGATOR.extract(request.headers), SpanKind.SERVER, attributes
-        )
+        caller = _PROPAGATOR.extract(request.headers)
+        links: tuple[Link, ...] = ()
+        if self._trust_callers:
+            parent = caller
+        else:
+            parent, links = _NEW_TRACE, _link_to(caller)
+        span = self._tracer.start_span(name, parent, SpanKind.SERVER, attributes, links)
         return _RequestTrace(self._tracer, span)
 
     def shutdown(self) -> None:
@@ -226,6 +235,18 @@ class _Attempt(UpstreamAttempt):
         else:
             span.set_attribute("http.response.status_code", status)
         span.end()
+
+
+def _link_to(caller: Context) -> tuple[Link, ...]:
+    """A link to the caller's span, when it sent a valid `traceparent`, so that its trace and
+    the proxy's can be put together; without its `tracestate`, vendors' data of no use here."""
+    context = trace_api.get_current_span(caller).get_span_context()
+    if not context.is_valid:
+        return ()
+    linked = SpanContext(
+        context.trace_id, context.span_id, is_remote=True, trace_flags=context.trace_flags
+    )
+    return (Link(linked),)
 
 
 def _method(method: str) -> str:

@@ -1,4 +1,4 @@
-"""Whether traces are exported, and where: the `otlp_traces_endpoint` setting, else the standard
+"""Where traces are exported, if anywhere: the `otlp_traces_endpoint` setting, else the standard
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` (pure: the variables are
 passed in). Checked before the tokenizers load and before the workers start
 (`proxy.cli._checked`), so that a variable the proxy cannot follow stops it once instead of
@@ -23,13 +23,13 @@ _PROTOCOL = "http/protobuf"
 
 
 @dataclass(frozen=True)
-class TracingConfig:
-    endpoint: str  # the OTLP/HTTP traces URL
+class TraceEndpoint:
+    url: str  # the OTLP/HTTP traces URL
 
 
-def tracing_config(
+def trace_endpoint(
     configured: str | None, environ: Mapping[str, str] = os.environ
-) -> TracingConfig | None:
+) -> TraceEndpoint | None:
     """Whether traces are exported, and where (None: off). `ConfigError` for what the SDK
     would only log and ignore: an exporter or protocol this proxy does not ship."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -64,4 +64,4 @@ def tracing_config(
         raise ConfigError(
             f"OTLP traces endpoint {without_credentials(repr(endpoint))}: not an http(s) URL"
         )
-    return TracingConfig(endpoint)
+    return TraceEndpoint(endpoint)

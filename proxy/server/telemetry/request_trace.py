@@ -1,8 +1,8 @@
 """What a traced request's server span and its upstream attempts' client spans are told.
 
-The interface the edge calls (telemetry/tracing.py says when traces are on, telemetry/otel.py
-makes the spans): kept apart from both, so that a module that only passes a trace on imports
-nothing of OpenTelemetry.
+The interface the edge calls (telemetry/worker_tracer.py holds a worker's tracer while traces
+are on, telemetry/otel_spans.py makes the spans): kept apart from both, so that a module that
+only passes a trace on imports nothing of OpenTelemetry.
 """
 
 from __future__ import annotations
