@@ -14,12 +14,12 @@ written.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core.backend.routing import NO_MODEL
+from proxy.logs import FieldsLog
 from proxy.server.control.local import PROBE_PATHS
 from proxy.server.data.drain import is_shutdown
 from proxy.server.telemetry.metrics import METRICS
@@ -27,7 +27,7 @@ from proxy.server.telemetry.record import RECORD, RequestRecord, new_record, str
 from proxy.server.telemetry.traces import TRACE
 from proxy.server.telemetry.tracing import TRACING
 
-access_log = logging.getLogger("codec_proxy.access")
+access_log = FieldsLog("codec_proxy.access")
 
 
 def _route_name(request: web.Request) -> str:
@@ -81,5 +81,5 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def _log(request: web.Request, record: RequestRecord) -> None:
-    if access_log.isEnabledFor(logging.INFO):
-        access_log.info("request", extra={"fields": record.log_fields()})
+    if access_log.enabled:
+        access_log.info("request", record.log_fields())
