@@ -33,12 +33,18 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("request bytes: data_received", _CLIENT + ".data_received"),
     ("request task: _handle_request", "aiohttp.web_protocol:RequestHandler._handle_request"),
     ("  app: Application._handle", "aiohttp.web_app:Application._handle"),
+    # Five middlewares, each a coroutine around the rest (before the edge's one middleware)...
     ("    snapshot_middleware", "proxy.server.app:snapshot_middleware"),
     ("    observe_middleware", "proxy.server.app:observe_middleware"),
-    ("      new_record", "proxy.server.control.observe:new_record"),
-    ("      access log line", "proxy.server.control.observe:_log"),
     ("    error_middleware", "proxy.server.app:error_middleware"),
     ("    expect_middleware", "proxy.server.app:expect_middleware"),
+    # ... or their steps as calls (server/control/edge.py).
+    ("    take_snapshot", "proxy.server.control.edge:take_snapshot"),
+    ("    observe_start", "proxy.server.control.edge:observe_start"),
+    ("    expects_continue", "proxy.server.control.edge:expects_continue"),
+    ("    observe_end", "proxy.server.control.edge:observe_end"),
+    ("      new_record", "proxy.server.control.observe:new_record"),
+    ("      access log line", "proxy.server.control.observe:_log"),
     ("    handler: completions", "proxy.server.app:completions"),
     ("      read_body", "proxy.server.control.generation:read_body"),
     ("      codec_plan", "proxy.server.control.generation:codec_plan"),
@@ -58,6 +64,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("            echo_request_id", "proxy.server.app:echo_request_id"),
     ("            announce_server_version", "proxy.server.app:announce_server_version"),
     ("            strip_withheld_headers", "proxy.server.app:strip_withheld_headers"),
+    ("            response_headers (all four)", "proxy.server.app:response_headers"),
     ("          ResponseStream.run", "proxy.server.data.stream:ResponseStream.run"),
     ("          end_response", "proxy.server.data.stream:ResponseStream.end_response"),
     ("          publish", "proxy.server.data.stream:ResponseStream.publish"),
@@ -98,13 +105,19 @@ def _timed(label: str, target: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install() -> None:
+    """A timer around each step this tree has (the steps of a tree before or after a change
+    differ: a step it does not have shows no calls)."""
     for label, where in STEPS:
         module_name, _, path = where.partition(":")
         owner: Any = importlib.import_module(module_name)
         *outer, name = path.split(".")
         for part in outer:
             owner = getattr(owner, part)
-        original = inspect.getattr_static(owner, name)
+        try:
+            original = inspect.getattr_static(owner, name)
+        except AttributeError:
+            TOTALS.setdefault(label, [0, 0])
+            continue
         wrapped = _timed(label, original)
         if getattr(original, "__middleware_version__", None) == 1:
             wrapped.__middleware_version__ = 1  # type: ignore[attr-defined]

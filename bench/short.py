@@ -3,7 +3,8 @@
     .venv/bin/python bench/short.py                    # every workload, every relay, one run
     .venv/bin/python bench/short.py --runs 3           # three runs; medians and ranges
     .venv/bin/python bench/short.py --quick            # smoke run (about a minute)
-    .venv/bin/python bench/short.py --profile DIR      # py-spy on the proxy: the steps of a request
+    .venv/bin/python bench/short.py --steps DIR --clients 1 --scenarios passthrough,backend-ids
+                                                       # the steps of a request, timed in place
 
 Agents, tool calls, classifiers and routers send many short requests. For them a relay's cost
 is per request, not per token. The processes are bench/paced.py's (the paced upstream in its own
@@ -32,8 +33,9 @@ relay CPU-second, against nginx's and the bare relay's in the same run; time to 
 the read that completes the first token) and its p50/p99 minus `direct`'s; the CPU seconds
 other processes used meanwhile (the machine may be shared). With `--runs N` the report is the
 median over the runs, with the range. `--profile DIR` samples the proxy with py-spy during
-each workload (1 kHz; a separate run, since sampling costs the proxy a little) and prints
-what each step of a request costs: its share of the samples times the CPU per request.
+each workload (1 kHz, collapsed stacks; a separate run, since sampling costs the proxy a
+little); `--steps DIR` times each step of a request in place (bench/request_steps.py), for
+requests sent one at a time (`--clients 1`).
 Results: bench/results/short.json (`--json`). Timings are reported, never asserted; the exit
 status is 1 when a response fails its check.
 """
@@ -441,87 +443,7 @@ def print_report(rows: list[dict[str, Any]]) -> None:
     )
 
 
-# --- the profile ----------------------------------------------------------------------------
-
-# The steps of one request, by the function whose frames a sample is under (py-spy's raw
-# stacks: `name (file:line)`). A sample counts for every step on its stack, so nested steps
-# are shares of the step above them.
-STEPS: tuple[tuple[str, str, str], ...] = (
-    ("accept: the connection's protocol made", "connection_made", "web_protocol.py"),
-    ("request head parsed (aiohttp, llhttp)", "data_received", "web_protocol.py"),
-    ("the request's task: aiohttp's _handle_request", "_handle_request", "web_protocol.py"),
-    ("  snapshot_middleware", "snapshot_middleware", "live.py"),
-    ("  observe_middleware", "observe_middleware", "observe.py"),
-    ("    new_record", "new_record", "record.py"),
-    ("    the access log line", "_log", "observe.py"),
-    ("  error_middleware", "error_middleware", "errors.py"),
-    ("  api keys", "check", "auth.py"),
-    ("  expect_middleware", "expect_middleware", "expect.py"),
-    ("  the handler: completions", "completions", "generation.py"),
-    ("    read_body", "read_body", "generation.py"),
-    ("    parse_request", "parse_request", "endpoints.py"),
-    ("    codec_plan", "codec_plan", "codec.py"),
-    ("    forward_headers", "forward_headers", "headers.py"),
-    ("    stream_context", "stream_context", "exchanges.py"),
-    ("    the upstream exchange opened", "open", "upstreams.py"),
-    ("      the request head", "_request_head", "upstreams.py"),
-    ("    stream_response", "stream_response", "stream.py"),
-    ("      response.prepare (hooks, head)", "prepare", "web_response.py"),
-    ("      run: the head written, streaming", "run", "stream.py"),
-    ("      end_response", "end_response", "stream.py"),
-    ("      publish", "publish", "stream.py"),
-    ("  finish_response (aiohttp)", "finish_response", "web_protocol.py"),
-    ("upstream reads: UpstreamConnection.data_received", "data_received", "upstream_protocol.py"),
-    ("prometheus_client, anywhere", "", "prometheus_client/"),
-    ("logging, anywhere", "", "logging/"),
-)
-
-
-def profile_steps(path: Path) -> tuple[int, list[tuple[str, int]]]:
-    """Samples in a py-spy raw profile, and how many of them each step is on the stack of."""
-    total = 0
-    counts = dict.fromkeys((name for name, _, _ in STEPS), 0)
-    for line in path.read_text().splitlines():
-        stack, _, number = line.rpartition(" ")
-        if not number.isdigit():
-            continue
-        samples = int(number)
-        total += samples
-        # A frame is `Class.function (path:line)`, or `function (path:line)`.
-        frames = [(frame.split(" ", 1)[0].rpartition(".")[2], frame) for frame in stack.split(";")]
-        for name, function, where in STEPS:
-            if any(where in frame and function in ("", own) for own, frame in frames):
-                counts[name] += samples
-    return total, list(counts.items())
-
-
-def print_profiles(directory: Path, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each profiled workload's steps: share of samples, and µs per request at that share."""
-    found = []
-    for r in results:
-        path = directory / f"short-{r['scenario']}-{r['workload']}.txt"
-        if not path.exists() or r["relay_us_per_request"] is None:
-            continue
-        total, steps = profile_steps(path)
-        if not total:
-            continue
-        per_request = r["relay_us_per_request"]
-        rows = [[name, n / total, n / total * per_request] for name, n in steps]
-        print(
-            f"\nSteps of a request: {r['scenario']}, {r['workload']} ({total:,} samples, "
-            f"{per_request:.0f} µs per request under the profiler)\n"
-            + table(["step", "share of samples", "µs per request"], rows)
-        )
-        found.append(
-            {
-                "scenario": r["scenario"],
-                "workload": r["workload"],
-                "samples": total,
-                "us_per_request": per_request,
-                "steps": {name: n / total for name, n in steps},
-            }
-        )
-    return found
+# --- the steps of a request -----------------------------------------------------------------
 
 
 def print_steps(results: list[dict[str, Any]]) -> None:
@@ -583,7 +505,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     order = {key: n for n, key in enumerate(args.scenarios)}
     rows.sort(key=lambda r: (args.workloads.index(r["workload"]), order[r["scenario"]]))
     print_report(rows)
-    profiles = print_profiles(args.profile, results) if args.profile is not None else []
     print_steps(results)
     failed = [
         f"run {r['run']}, {r['scenario']}, {r['workload']}: {r['requests'] - r['ok']} failed "
@@ -608,7 +529,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {key: getattr(args, key) for key in SETTINGS} | {"skipped": skipped},
         "summary": rows,
         "results": results,
-        "profiles": profiles,
         "failed": failed,
     }
 
@@ -648,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, of {','.join(WORKLOADS)} (default: all)",
     )
     parser.add_argument(
-        "--profile", type=Path, metavar="DIR", help="py-spy on the proxy; steps of a request"
+        "--profile", type=Path, metavar="DIR", help="py-spy on the proxy (collapsed stacks)"
     )
     parser.add_argument(
         "--steps",

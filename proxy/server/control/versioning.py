@@ -5,11 +5,11 @@
   `declared_client_version(request)` is the same parse, None when the header was absent.
 * `codec_gate(request)`: call it on every Codec entry point before contacting the upstream; it
   raises the 426 when this deployment enforces a floor the client is below.
-* `announce_server_version`: `Codec-Server-Version` on the responses to Codec requests, an
-  `on_response_prepare` hook that runs before the next one.
-* `strip_withheld_headers`: the one place the header floor table is applied, an
-  `on_response_prepare` hook, so it covers every response whichever handler built it (Codec
-  streams, relayed upstream responses, errors, well-known documents).
+* `announce_server_version`: `Codec-Server-Version` on the responses to Codec requests, as a
+  response is prepared (the edge's hook, server/control/edge.py), before the next one.
+* `strip_withheld_headers`: the one place the header floor table is applied, as every response
+  is prepared, so it covers every response whichever handler built it (Codec streams, relayed
+  upstream responses, errors, well-known documents).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from proxy.server.models.live import config_of
 from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
+
+_CODEC_PREFIX = "codec-"  # a header every floor applies to starts so (core/http/versioning.py)
 
 # Client addresses remembered for "log once"; the oldest are forgotten beyond this, so a scan
 # from many addresses costs bounded memory (and at worst repeats a log line).
@@ -119,8 +121,8 @@ def codec_gate(request: web.Request) -> ClientVersion:
     return client
 
 
-async def announce_server_version(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: `Codec-Server-Version` on every response to a Codec request (the
+def announce_server_version(request: web.Request, response: web.StreamResponse) -> None:
+    """`Codec-Server-Version` on every response to a Codec request (the
     access log's `mode=codec`: a stream, or its refusal once the request is known to be one),
     the I-D's "Codec responses"; on no other. An upstream's own is dropped from what is relayed
     for JSON: the proxy, not the backend, is the Codec server its clients talk to, and
@@ -134,8 +136,10 @@ async def announce_server_version(request: web.Request, response: web.StreamResp
         response.headers.popall(SERVER_VERSION_HEADER, None)
 
 
-async def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: drop every `Codec-*` header above the client's version."""
+def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Drop every `Codec-*` header above the client's version (read, and so logged, for every
+    response; only one with such a header has anything to drop)."""
     client = client_version(request)
-    for name in withheld_headers(client, set(response.headers.keys())):
+    names = {name for name in response.headers if name[:6].lower() == _CODEC_PREFIX}
+    for name in withheld_headers(client, names) if names else ():
         response.headers.popall(name, None)

@@ -109,8 +109,8 @@ def stream_end(record: RequestRecord) -> str | None:
     return "error"
 
 
-async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: every response, streamed or not, carries its request id."""
+def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """As a response is prepared: every response, streamed or not, carries its request id."""
     record = request.get(RECORD)
     if record is not None:
         response.headers[REQUEST_ID_HEADER] = record.forwarded_id
