@@ -109,13 +109,13 @@ def install() -> None:
     differ: a step it does not have shows no calls)."""
     for label, where in STEPS:
         module_name, _, path = where.partition(":")
-        owner: Any = importlib.import_module(module_name)
         *outer, name = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
         try:
+            owner: Any = importlib.import_module(module_name)
+            for part in outer:
+                owner = getattr(owner, part)
             original = inspect.getattr_static(owner, name)
-        except AttributeError:
+        except (ImportError, AttributeError):
             TOTALS.setdefault(label, [0, 0])
             continue
         wrapped = _timed(label, original)

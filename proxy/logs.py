@@ -6,11 +6,11 @@ line is one flat object a log pipeline can index without parsing a message.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
 import time
-from collections.abc import Iterator
 from typing import Final, TextIO
 
 import orjson
@@ -36,7 +36,7 @@ class JsonFormatter(logging.Formatter):
             return self.fields_line(record.created, record.levelname, record.name, fields)
         line = _json_head(record.created, record.levelname, record.name)
         if isinstance(fields, dict):
-            line.update(_shown_fields(fields))
+            line.update(_shown(fields))
         else:
             line["message"] = without_credentials(record.getMessage())
         if record.exc_info:
@@ -48,25 +48,35 @@ class JsonFormatter(logging.Formatter):
     ) -> str:
         """The line of a record of `fields` (the access log's), made at `created`."""
         line = _json_head(created, level, logger)
-        line.update(_shown_fields(fields))
+        line.update(_shown(fields))
         return _json(line)
 
 
 def _json_head(created: float, level: str, logger: str) -> dict[str, object]:
     # `created - int(created)`: the milliseconds a LogRecord keeps (`msecs`).
     return {
-        "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
-        + f".{int((created - int(created)) * 1000):03d}Z",
+        "ts": f"{_utc_second(int(created))}.{int((created - int(created)) * 1000):03d}Z",
         "level": level,
         "logger": logger,
     }
 
 
-def _shown_fields(fields: dict[str, object]) -> Iterator[tuple[str, object]]:
-    return (
-        (key, without_credentials(value) if isinstance(value, str) else value)
-        for key, value in fields.items()
-    )
+@functools.lru_cache(maxsize=2)
+def _utc_second(second: int) -> str:
+    """A second's UTC time, formatted once for all the lines of that second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def _shown(fields: dict[str, object]) -> dict[str, object]:
+    """`fields` with URL credentials out of every text value (only one with an `@` can hold
+    some: the others are `fields` as they are)."""
+    shown = None
+    for key, value in fields.items():
+        if isinstance(value, str) and "@" in value:
+            if shown is None:
+                shown = dict(fields)
+            shown[key] = without_credentials(value)
+    return fields if shown is None else shown
 
 
 def _json(line: dict[str, object]) -> str:
