@@ -35,8 +35,6 @@ from proxy.server.telemetry.record import RECORD
 
 log = logging.getLogger("codec_proxy")
 
-_CODEC_PREFIX = "codec-"  # a header every floor applies to starts so (core/http/versioning.py)
-
 # Client addresses remembered for "log once"; the oldest are forgotten beyond this, so a scan
 # from many addresses costs bounded memory (and at worst repeats a log line).
 _REMEMBERED_ADDRESSES = 4096
@@ -122,8 +120,8 @@ def codec_gate(request: web.Request) -> ClientVersion:
 
 
 def announce_server_version(request: web.Request, response: web.StreamResponse) -> None:
-    """`Codec-Server-Version` on every response to a Codec request (the
-    access log's `mode=codec`: a stream, or its refusal once the request is known to be one),
+    """`Codec-Server-Version` on every response to a Codec request (the access log's
+    `mode=codec`: a stream, or its refusal once the request is known to be one),
     the I-D's "Codec responses"; on no other. An upstream's own is dropped from what is relayed
     for JSON: the proxy, not the backend, is the Codec server its clients talk to, and
     `/codec/version` says what it serves. Documents carry none (their bodies are shared by
@@ -137,9 +135,7 @@ def announce_server_version(request: web.Request, response: web.StreamResponse) 
 
 
 def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Drop every `Codec-*` header above the client's version (read, and so logged, for every
-    response; only one with such a header has anything to drop)."""
+    """Drop every `Codec-*` header above the client's version."""
     client = client_version(request)
-    names = {name for name in response.headers if name[:6].lower() == _CODEC_PREFIX}
-    for name in withheld_headers(client, names) if names else ():
+    for name in withheld_headers(client, set(response.headers.keys())):
         response.headers.popall(name, None)

@@ -102,10 +102,9 @@ LIVE = web.AppKey("live", LiveConfig)
 CONFIG = web.RequestKey("config", Live)
 
 
-def take_snapshot(request: web.Request) -> Live:
+def take_snapshot(request: web.Request) -> None:
     """Keep the current snapshot on `request`, as it arrives: the one it reads from now on."""
-    live = request[CONFIG] = request.app[LIVE].current
-    return live
+    request[CONFIG] = request.app[LIVE].current
 
 
 def config_of(request: web.Request) -> Live:

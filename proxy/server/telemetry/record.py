@@ -95,8 +95,8 @@ def new_record(request: web.Request, route: str) -> RequestRecord:
     """The record of a request just arrived: a fresh id, and the client's if it is usable."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
     client_request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else None
-    # 128 random bits, as a version-4 UUID has (less its six fixed ones), in the same 32 hex
-    # digits, at a fraction of `uuid4()`'s cost.
+    # 128 random bits in 32 hex digits, the shape `uuid4().hex` had (whose six fixed bits
+    # only made it a UUID), at a fraction of its cost.
     return RequestRecord(
         os.urandom(16).hex(), request.method, route, client_request_id=client_request_id
     )
