@@ -356,7 +356,6 @@ def start_py_spy(name: Path, pid: int, *, rate: int) -> Child:
     program = found or Path.home() / ".local" / "bin" / "py-spy"
     name.parent.mkdir(parents=True, exist_ok=True)
     args = ["record", "--pid", str(pid), "--rate", str(rate), "--nonblocking"]
-    args += os.environ.get("PY_SPY_EXTRA", "").split()
     args += ["--format", "raw", "--output", f"{name}.txt"]
     child = spawn("py-spy", args, Path(f"{name}.log"), program=Path(program))
     time.sleep(0.5)  # attached before the wave starts
