@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/compression.py
 	$(PY) bench/load.py
 	$(PY) bench/paced.py
+	$(PY) bench/short.py --runs 3
 
 ## Retrain the shipped zstd dictionaries (docs/COMPRESSION.md). The corpus is SmolLM2's own
 ## output, committed in dictionaries/corpus/; delete it to regenerate it (about an hour of CPU).

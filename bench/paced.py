@@ -126,7 +126,8 @@ ANCILLARY = socket.CMSG_SPACE(TIMESPEC.size)
 READ_SIZE = 1 << 18
 KiB = 1024
 
-Relay = Literal["none", "nginx", "proxy", "proxy-retokenize"]
+# "bare": bench/bare_relay.py, the floor under the proxy (bench/short.py).
+Relay = Literal["none", "nginx", "bare", "proxy", "proxy-retokenize"]
 
 
 @dataclass(frozen=True)
@@ -294,10 +295,12 @@ def start_proxy(
     verify: float = 0.0,
     event_loop: str = "auto",
     otlp_port: int | None = None,
+    launcher: Sequence[str] = ("-m", "proxy", "serve"),
 ) -> tuple[Child, int]:
+    """`launcher`: what runs `codec-proxy serve` with the arguments that follow it."""
     port = free_port()
     args = [
-        "-m", "proxy", "serve",
+        *launcher,
         "--upstream", f"http://127.0.0.1:{upstream_port}",
         "--tokenizer", str(gguf),
         "--port", str(port),
@@ -342,17 +345,19 @@ def start_profiler(
     """`py-spy record` on the proxy for the measured wave (--profile): collapsed stacks."""
     if directory is None or relay is None or not scenario.relay.startswith("proxy"):
         return None
+    return start_py_spy(directory / f"paced-{level}-{scenario.key}", relay.pid, rate=250)
+
+
+def start_py_spy(name: Path, pid: int, *, rate: int) -> Child:
+    """`py-spy record` on `pid` until SIGINT: collapsed stacks in `<name>.txt`."""
     # The virtualenv's own (`pip install py-spy`), then PATH, then `pip install --user`'s.
     beside = Path(sys.executable).with_name("py-spy")
     found = beside if beside.exists() else shutil.which("py-spy")
     program = found or Path.home() / ".local" / "bin" / "py-spy"
-    directory.mkdir(parents=True, exist_ok=True)
-    out = directory / f"paced-{level}-{scenario.key}.txt"
-    args = ["record", "--pid", str(relay.pid), "--rate", "250", "--nonblocking"]
-    args += ["--format", "raw", "--output", str(out)]
-    child = spawn(
-        "py-spy", args, directory / f"paced-{level}-{scenario.key}.log", program=Path(program)
-    )
+    name.parent.mkdir(parents=True, exist_ok=True)
+    args = ["record", "--pid", str(pid), "--rate", str(rate), "--nonblocking"]
+    args += ["--format", "raw", "--output", f"{name}.txt"]
+    child = spawn("py-spy", args, Path(f"{name}.log"), program=Path(program))
     time.sleep(0.5)  # attached before the wave starts
     return child
 
@@ -488,12 +493,36 @@ def request_bytes(
 
 async def fetch(port: int, request: bytes, index: int, time_limit: float) -> Fetched:
     """One request on a new connection; every read kept with its kernel receive time."""
-    loop = asyncio.get_running_loop()
     fetched = Fetched(index, time.time_ns())
+    sock = client_socket()
+    try:
+        async with asyncio.timeout(time_limit):
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    except (OSError, TimeoutError) as exc:
+        fetched.error = f"{type(exc).__name__}: {exc}"
+        sock.close()
+        return fetched
+    try:
+        return await fetch_on(sock, request, fetched, time_limit)
+    finally:
+        sock.close()
+
+
+def client_socket() -> socket.socket:
+    """A client socket whose reads carry the kernel's receive time."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+async def fetch_on(
+    sock: socket.socket, request: bytes, fetched: Fetched, time_limit: float
+) -> Fetched:
+    """One request on the connected `sock` (new, or kept alive from an earlier request): its
+    response read to its end, every read kept with its kernel receive time."""
+    loop = asyncio.get_running_loop()
     reader = ResponseReader()
     done: asyncio.Future[None] = loop.create_future()
 
@@ -528,7 +557,6 @@ async def fetch(port: int, request: bytes, index: int, time_limit: float) -> Fet
 
     try:
         async with asyncio.timeout(time_limit):
-            await loop.sock_connect(sock, ("127.0.0.1", port))
             await loop.sock_sendall(sock, request)
             loop.add_reader(sock.fileno(), readable)
             try:
@@ -537,8 +565,6 @@ async def fetch(port: int, request: bytes, index: int, time_limit: float) -> Fet
                 loop.remove_reader(sock.fileno())
     except (OSError, ValueError, TimeoutError) as exc:
         fetched.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        sock.close()
     fetched.status, fetched.headers = reader.status, reader.headers
     return fetched
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from aiohttp.http_exceptions import BadHttpMessage
 
+from proxy import logs
 from proxy.logs import UNPARSED_REQUESTS, JsonFormatter, TextFormatter
 
 # What a client or an upstream can put in a value that reaches a log line: a line that looks
@@ -109,3 +113,96 @@ def test_an_unparsable_request_is_one_bounded_line_without_its_traceback() -> No
     other = record("Error handling request", exc=RuntimeError("a bug"))
     assert UNPARSED_REQUESTS.filter(other)
     assert other.exc_info is not None  # a real failure keeps its traceback
+
+
+@pytest.fixture
+def configured() -> Iterator[Callable[[str], io.StringIO]]:
+    """`logs.configure` as the CLI calls it, its output in a buffer; logging restored after."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+
+    def configure(log_format: str) -> io.StringIO:
+        logs.configure(log_format, "INFO")
+        out = io.StringIO()
+        root.handlers[0].setStream(out)  # type: ignore[attr-defined]
+        return out
+
+    yield configure
+    root.handlers[:], level = saved
+    root.setLevel(level)
+    logs._INSTALLED.clear()
+
+
+ACCESS_FIELDS: dict[str, object] = {
+    "id": "0" * 32,
+    "route": FORGED,
+    "upstream": SECRET_URL,
+    "status": 200,
+    "ttft": 0.0123,
+    "model": None,
+}
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_an_access_line_written_directly_is_the_line_logging_would_write(
+    configured: Callable[[str], io.StringIO],
+    log_format: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = configured(log_format)
+    monkeypatch.setattr(time, "time", lambda: 1_795_977_989.0427)
+    # Through logging, as every other record goes.
+    logging.getLogger("codec_proxy.access").info("request", extra={"fields": ACCESS_FIELDS})
+    through_logging = out.getvalue()
+    out.truncate(0)
+    out.seek(0)
+    logs.FieldsLog("codec_proxy.access").info("request", ACCESS_FIELDS)
+    assert out.getvalue() == through_logging
+    assert through_logging.count("\n") == 1
+    assert "s3cret" not in through_logging
+    assert ".042" in through_logging or ",042" in through_logging
+
+
+def test_an_access_line_alone_on_its_way_makes_no_log_record(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = configured("json")
+
+    def no_record(*args: object, **kwargs: object) -> logging.LogRecord:
+        raise AssertionError("a LogRecord was made")
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", no_record)
+    logs.FieldsLog("codec_proxy.access").info("request", {"id": "a", "status": 200})
+    line = json.loads(out.getvalue())
+    assert (line["logger"], line["id"], line["status"]) == ("codec_proxy.access", "a", 200)
+
+
+def test_an_access_line_goes_through_logging_when_another_handler_or_a_filter_would_see_it(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    out = configured("json")
+    access = logging.getLogger("codec_proxy.access")
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    extra = Keep()
+    logging.getLogger().addHandler(extra)  # as pytest's caplog does
+    try:
+        logs.FieldsLog("codec_proxy.access").info("request", {"id": "a"})
+    finally:
+        logging.getLogger().removeHandler(extra)
+    assert [getattr(r, "fields", None) for r in seen] == [{"id": "a"}]
+    assert json.loads(out.getvalue())["id"] == "a"  # and ours still wrote it
+
+    dropping = logging.Filter("nothing")  # passes only records of a logger named `nothing`
+    access.addFilter(dropping)
+    try:
+        logs.FieldsLog("codec_proxy.access").info("request", {"id": "b"})
+    finally:
+        access.removeFilter(dropping)
+    assert '"b"' not in out.getvalue()
+    logging.getLogger().setLevel(logging.WARNING)
+    assert not logs.FieldsLog("codec_proxy.access").enabled

@@ -14,9 +14,9 @@ from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
 from proxy.server.control import local, model_list, well_known
 from proxy.server.control.admin import ADMIN_APP, admin_app
-from proxy.server.control.auth import api_key_middleware
-from proxy.server.control.errors import error_middleware
-from proxy.server.control.expect import expect_middleware, with_expect_handler
+from proxy.server.control.auth import KeyCheck
+from proxy.server.control.edge import edge_middleware, response_headers
+from proxy.server.control.expect import with_expect_handler
 from proxy.server.control.generation import (
     chat_completions,
     completions,
@@ -24,16 +24,10 @@ from proxy.server.control.generation import (
     other_routes,
 )
 from proxy.server.control.local import SCHEMA_TEXT
-from proxy.server.control.observe import observe_middleware
-from proxy.server.control.versioning import (
-    VERSION_NOTICES,
-    VersionNotices,
-    announce_server_version,
-    strip_withheld_headers,
-)
+from proxy.server.control.versioning import VERSION_NOTICES, VersionNotices
 from proxy.server.control.well_known import MAPS, PUBLIC_ORIGIN, MapStore
 from proxy.server.data.drain import LIFECYCLE, READINESS, Lifecycle
-from proxy.server.models.live import LIVE, LiveConfig, build_live, snapshot_middleware
+from proxy.server.models.live import LIVE, LiveConfig, build_live
 from proxy.server.models.served_models import (
     SERVED_MODELS,
     Tokenizers,
@@ -42,8 +36,6 @@ from proxy.server.models.served_models import (
 )
 from proxy.server.process.reload import ON_RELOAD, install_reloads
 from proxy.server.telemetry.metrics import METRICS, Metrics
-from proxy.server.telemetry.record import echo_request_id
-from proxy.server.telemetry.request_trace import echo_trace
 from proxy.server.telemetry.worker_tracer import WORKER_TRACER, WorkerTracer
 from proxy.settings import Settings
 from proxy.trace_endpoint import trace_endpoint
@@ -89,15 +81,11 @@ def create_app(
     # With an admin listener the probes and the proxy's metrics are there, and these paths are
     # relayed here like any other (server/control/admin.py).
     probes = settings.admin_port is None
-    # Outermost first: the request's configuration snapshot; every request is recorded;
-    # errors become JSON before they are recorded; `Expect: 100-continue` is answered only
-    # once the key is checked.
+    # The request's configuration snapshot; every request is recorded; errors become JSON
+    # before they are recorded; `Expect: 100-continue` is answered only once the key is
+    # checked: in one middleware (server/control/edge.py).
     middlewares: list[Middleware] = [
-        snapshot_middleware,
-        observe_middleware,
-        error_middleware,
-        api_key_middleware(open_routes=[*local.routes(probes=probes), *well_known.routes()]),
-        expect_middleware,
+        edge_middleware(KeyCheck(open_routes=[*local.routes(probes=probes), *well_known.routes()]))
     ]
     # Request bodies are read as sent: Codec requests are decoded by us with a cap on the
     # decoded size (core/http/body_coding.py), pass-through bodies go upstream byte for byte.
@@ -125,18 +113,14 @@ def create_app(
     # Chat streams carry tool calls, so field 4 and ToolCall are part of what we emit.
     app[SCHEMA_TEXT] = served_schema(proto, tool_calls=True)
     app[VERSION_NOTICES] = VersionNotices()
-    app.on_response_prepare.append(echo_request_id)
     if endpoint is not None:
         # Started first, so that it is shut down last: after the streams and their upstreams.
         tracer = app[WORKER_TRACER] = WorkerTracer(
             endpoint, trust_callers=settings.trust_trace_context
         )
         app.cleanup_ctx.append(tracer.context)
-        app.on_response_prepare.append(echo_trace)
-    app.on_response_prepare.append(announce_server_version)
-    # The one place the header floors are applied (server/control/versioning.py): after every
-    # hook that adds a Codec header.
-    app.on_response_prepare.append(strip_withheld_headers)
+    # The request id, the trace, the server version, then the header floors, in one hook.
+    app.on_response_prepare.append(response_headers)
 
     install_reloads(app)
     # The per-model gauges say whether Codec is switched on, which a reload may change; a

@@ -27,9 +27,11 @@ compression existed, so a client that accepts nothing we can send gets identity,
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final, Literal
 
 from proxy.core.errors import NotAcceptable
@@ -133,7 +135,18 @@ def parse_accept_encoding(value: str) -> dict[str, float]:
     return accepted
 
 
-def weight(accepted: dict[str, float], coding: str) -> float:
+# The fields a deployment's clients send are few: each parsed once, not once per request. A
+# client sending a new one every time only churns this many.
+_PARSED_FIELDS: Final = 256
+
+
+@functools.lru_cache(maxsize=_PARSED_FIELDS)
+def _accepted(value: str) -> Mapping[str, float]:
+    """`parse_accept_encoding(value)`, kept (read-only, since it is shared)."""
+    return MappingProxyType(parse_accept_encoding(value))
+
+
+def weight(accepted: Mapping[str, float], coding: str) -> float:
     """The client's q for `coding` (RFC 9110 §12.5.3)."""
     if coding in accepted:
         return accepted[coding]
@@ -188,7 +201,7 @@ def negotiate_coding(
     if accept_encoding is None:
         # No field: no preference (RFC 9110 §12.5.3). Codec compression is opt-in (§5).
         return IDENTITY
-    accepted = parse_accept_encoding(accept_encoding)
+    accepted = _accepted(accept_encoding)
     zstd = may_send_zstd(zstd_dictionary=zstd_dictionary, codec_client=codec_client)
     available = [coding for coding in SERVER_PREFERENCE if coding != ZSTD or zstd]
     acceptable = [coding for coding in available if weight(accepted, coding) > 0.0]
@@ -211,7 +224,7 @@ def negotiate_json_coding(
     whole); identity when the client sends no `Accept-Encoding` or accepts none of them."""
     if accept_encoding is None:
         return IDENTITY
-    accepted = parse_accept_encoding(accept_encoding)
+    accepted = _accepted(accept_encoding)
     acceptable = [coding for coding in SERVER_PREFERENCE if weight(accepted, coding) > 0.0]
     if not acceptable:
         return IDENTITY

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -37,6 +38,9 @@ def accepted_media_types(accept: str) -> dict[str, float]:
     return accepted
 
 
+# A deployment's clients send few distinct `Accept` fields: each decided once, not once per
+# request; a client sending a new one every time only churns this many.
+@functools.lru_cache(maxsize=256)
 def wants_prefixed_msgpack(accept: str | None) -> bool:
     if not accept:
         return False

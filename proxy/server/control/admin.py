@@ -17,14 +17,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.server.control import local
-from proxy.server.control.errors import error_middleware
-from proxy.server.control.expect import expect_middleware, with_expect_handler
-from proxy.server.control.observe import observe_middleware
+from proxy.server.control.edge import admin_response_headers, edge_middleware
+from proxy.server.control.expect import with_expect_handler
 from proxy.server.data.drain import LIFECYCLE, READINESS
-from proxy.server.models.live import LIVE, snapshot_middleware
+from proxy.server.models.live import LIVE
 from proxy.server.models.served_models import SERVED_MODELS
 from proxy.server.telemetry.metrics import METRICS
-from proxy.server.telemetry.record import echo_request_id
 
 # The admin app of a serving app that has one (created with it, served by the runner).
 ADMIN_APP = web.AppKey("admin_app", web.Application)
@@ -32,14 +30,12 @@ ADMIN_APP = web.AppKey("admin_app", web.Application)
 
 def admin_app(app: web.Application) -> web.Application:
     """The admin app for `app`, on `app`'s state. Any other path is the JSON 404."""
-    admin = web.Application(
-        middlewares=[snapshot_middleware, observe_middleware, error_middleware, expect_middleware]
-    )
+    admin = web.Application(middlewares=[edge_middleware(None)])
     admin[LIVE] = app[LIVE]
     admin[METRICS] = app[METRICS]
     admin[LIFECYCLE] = app[LIFECYCLE]
     admin[READINESS] = app[READINESS]
     admin[SERVED_MODELS] = app[SERVED_MODELS]
-    admin.on_response_prepare.append(echo_request_id)
+    admin.on_response_prepare.append(admin_response_headers)
     admin.add_routes(with_expect_handler(local.probe_routes()))
     return admin

@@ -13,11 +13,11 @@ With keys, the client's Authorization header is the proxy's key: it is not sent 
 
 from __future__ import annotations
 
+import functools
 import hmac
 from collections.abc import Iterable
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from proxy.core.errors import ProxyError
 from proxy.server.models.live import config_of
@@ -45,23 +45,28 @@ def presented_key(request: web.Request) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def api_key_middleware(*, open_routes: Iterable[web.RouteDef]) -> Middleware:
+class KeyCheck:
     """Checks the keys of the request's configuration (none: every request passes; a reload
-    may add or remove them). `open_routes` are answered without one."""
-    open_handlers = frozenset(route.handler for route in open_routes)
+    may add or remove them). `open_routes` are answered without one. Called by the edge's
+    middleware (server/control/edge.py) before the handler; raises `Unauthorized`."""
 
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+    def __init__(self, *, open_routes: Iterable[web.RouteDef]) -> None:
+        self._open_handlers = frozenset(route.handler for route in open_routes)
+
+    def __call__(self, request: web.Request) -> None:
         keys = config_of(request).api_keys
-        if not keys or request.match_info.handler in open_handlers:
-            return await handler(request)
+        if not keys or request.match_info.handler in self._open_handlers:
+            return
         presented = presented_key(request).encode()
         # Compare with every key, always: the time taken says nothing about which one is close.
-        matches = [hmac.compare_digest(presented, key.encode()) for key in sorted(keys)]
+        matches = [hmac.compare_digest(presented, key) for key in _encoded(keys)]
         if not presented:
             raise Unauthorized("missing API key", presented=False)
         if not any(matches):
             raise Unauthorized("invalid API key", presented=True)
-        return await handler(request)
 
-    return check
+
+@functools.lru_cache(maxsize=4)
+def _encoded(keys: frozenset[str]) -> tuple[bytes, ...]:
+    """A snapshot's keys as compared, made once per snapshot (a reload brings new ones)."""
+    return tuple(key.encode() for key in sorted(keys))

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from http import HTTPStatus
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from proxy.core.errors import ProxyError, UpgradeRequired
 from proxy.core.shown import clipped, quoted
@@ -107,11 +106,11 @@ def http_error(exc: web.HTTPException) -> web.Response:
     return response
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ProxyError as exc:
+def error_answer(request: web.Request, exc: Exception) -> web.Response | None:
+    """The JSON answer to what a handler (or the edge's checks) raised, logged; None when
+    `exc` must go on up instead. Called by the edge's middleware (server/control/edge.py) in
+    its `except` clause, so a logged traceback is the handler's."""
+    if isinstance(exc, ProxyError):
         # The whole message goes to the log; a client may only see `public_message`.
         level = logging.WARNING if exc.status_hint >= 500 else logging.INFO
         log.log(level, "%s -> %d %s", _target(request), exc.status_hint, exc.message)
@@ -119,23 +118,22 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if trace is not None:
             trace.error(exc.code or exc.error_type)
         return error_response(exc)
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise  # a redirect or success raised as an exception is not an error
+            return None  # a redirect or success raised as an exception is not an error
         return http_error(exc)
-    except ConnectionError:
-        raise  # a client that left: not ours to turn into a 500
-    except Exception:
-        if request.get(RECORD) is not None and request[RECORD].phase == "streaming":
-            raise  # the status line is gone: the connection is closed instead
-        # A bug: the traceback goes to the log under the request id, never to the client.
-        log.exception("%s -> 500 internal error", _target(request))
-        return json_error(
-            500,
-            "the proxy failed to handle this request",
-            error_type="server_error",
-            code="internal_error",
-        )
+    if isinstance(exc, ConnectionError):
+        return None  # a client that left: not ours to turn into a 500
+    if request.get(RECORD) is not None and request[RECORD].phase == "streaming":
+        return None  # the status line is gone: the connection is closed instead
+    # A bug: the traceback goes to the log under the request id, never to the client.
+    log.exception("%s -> 500 internal error", _target(request))
+    return json_error(
+        500,
+        "the proxy failed to handle this request",
+        error_type="server_error",
+        code="internal_error",
+    )
 
 
 def _target(request: web.Request) -> str:

@@ -2,14 +2,14 @@
 
 aiohttp answers `Expect` before any middleware runs: `100 Continue` even to a client that is
 then refused with 401 (which then uploads its body for nothing), and a plain-text 417 for any
-other expectation. Here every route's expect handler does nothing, and the middleware, inside
-the key check, sends the `100 Continue` or raises the 417.
+other expectation. Here every route's expect handler does nothing, and the edge's middleware
+(server/control/edge.py), after the key check, sends the `100 Continue` (`send_continue`) when
+`expects_continue` says so, which raises the 417.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from proxy.core.errors import BadRequest
 from proxy.core.shown import quoted
@@ -22,7 +22,7 @@ class ExpectationFailed(BadRequest):
 
 
 async def expect_nothing(request: web.Request) -> None:
-    """The routes' expect handler: `expect_middleware` answers instead."""
+    """The routes' expect handler: the edge's middleware answers instead."""
 
 
 def with_expect_handler(routes: list[web.RouteDef]) -> list[web.RouteDef]:
@@ -32,15 +32,19 @@ def with_expect_handler(routes: list[web.RouteDef]) -> list[web.RouteDef]:
     ]
 
 
-@web.middleware
-async def expect_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def expects_continue(request: web.Request) -> bool:
+    """Whether `request` waits for a `100 Continue`; the 417 for any other expectation."""
     expect = request.headers.get("Expect")
     # §10.1.1: an HTTP/1.0 request's expectation is ignored.
-    if expect is not None and request.version >= (1, 1):
-        if expect.strip().lower() != "100-continue":
-            raise ExpectationFailed(
-                f"unsupported expectation: {quoted(expect)}", code="expectation_failed"
-            )
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # an interim response: the response proper starts now
-    return await handler(request)
+    if expect is None or request.version < (1, 1):
+        return False
+    if expect.strip().lower() != "100-continue":
+        raise ExpectationFailed(
+            f"unsupported expectation: {quoted(expect)}", code="expectation_failed"
+        )
+    return True
+
+
+async def send_continue(request: web.Request) -> None:
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # an interim response: the response proper starts now

@@ -5,11 +5,11 @@
   `declared_client_version(request)` is the same parse, None when the header was absent.
 * `codec_gate(request)`: call it on every Codec entry point before contacting the upstream; it
   raises the 426 when this deployment enforces a floor the client is below.
-* `announce_server_version`: `Codec-Server-Version` on the responses to Codec requests, an
-  `on_response_prepare` hook that runs before the next one.
-* `strip_withheld_headers`: the one place the header floor table is applied, an
-  `on_response_prepare` hook, so it covers every response whichever handler built it (Codec
-  streams, relayed upstream responses, errors, well-known documents).
+* `announce_server_version`: `Codec-Server-Version` on the responses to Codec requests, as a
+  response is prepared (the edge's hook, server/control/edge.py), before the next one.
+* `strip_withheld_headers`: the one place the header floor table is applied, as every response
+  is prepared, so it covers every response whichever handler built it (Codec streams, relayed
+  upstream responses, errors, well-known documents).
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def codec_gate(request: web.Request) -> ClientVersion:
     return client
 
 
-async def announce_server_version(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: `Codec-Server-Version` on every response to a Codec request (the
-    access log's `mode=codec`: a stream, or its refusal once the request is known to be one),
+def announce_server_version(request: web.Request, response: web.StreamResponse) -> None:
+    """`Codec-Server-Version` on every response to a Codec request (the access log's
+    `mode=codec`: a stream, or its refusal once the request is known to be one),
     the I-D's "Codec responses"; on no other. An upstream's own is dropped from what is relayed
     for JSON: the proxy, not the backend, is the Codec server its clients talk to, and
     `/codec/version` says what it serves. Documents carry none (their bodies are shared by
@@ -134,8 +134,8 @@ async def announce_server_version(request: web.Request, response: web.StreamResp
         response.headers.popall(SERVER_VERSION_HEADER, None)
 
 
-async def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: drop every `Codec-*` header above the client's version."""
+def strip_withheld_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Drop every `Codec-*` header above the client's version."""
     client = client_version(request)
     for name in withheld_headers(client, set(response.headers.keys())):
         response.headers.popall(name, None)

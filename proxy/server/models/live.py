@@ -3,10 +3,10 @@
 `Live` bundles the settings and everything derived from them that a running proxy may swap
 (SIGHUP, proxy/server/process/reload.py): the rollout switches, API keys, safety and version policy,
 flush settings, the log level. A request takes the current snapshot once, when it arrives
-(`snapshot_middleware`), and reads it for its whole life, so a stream in flight keeps the
-settings it started with whatever is reloaded meanwhile. What cannot change at run time
-(listen address, workers, models and their tokenizers and upstreams) is built once, at start,
-from the first snapshot.
+(`take_snapshot`, called by the edge's middleware), and reads it for its whole life, so a
+stream in flight keeps the settings it started with whatever is reloaded meanwhile. What
+cannot change at run time (listen address, workers, models and their tokenizers and upstreams)
+is built once, at start, from the first snapshot.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from proxy.core.errors import ConfigError
 from proxy.core.http.access import CodecAccess
@@ -103,10 +102,9 @@ LIVE = web.AppKey("live", LiveConfig)
 CONFIG = web.RequestKey("config", Live)
 
 
-@web.middleware
-async def snapshot_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def take_snapshot(request: web.Request) -> None:
+    """Keep the current snapshot on `request`, as it arrives: the one it reads from now on."""
     request[CONFIG] = request.app[LIVE].current
-    return await handler(request)
 
 
 def config_of(request: web.Request) -> Live:

@@ -18,16 +18,17 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterable
+from typing import Self
 
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     generate_latest,
 )
+from prometheus_client import Counter as _Counter
+from prometheus_client import Gauge as _Gauge
+from prometheus_client import Histogram as _Histogram
 from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -71,6 +72,51 @@ def _created(path: str) -> bool:
         return os.stat(path).st_size >= _SAMPLES_HEADER
     except FileNotFoundError:
         return False
+
+
+class _KeptChildren:
+    """`labels()` that finds a child it made before with one dictionary look-up.
+
+    prometheus_client's own turns every value into a string, takes a lock and builds a tuple on
+    every call: several microseconds, and a streamed request asks for a dozen children. Label
+    values are bounded (see above), so what is kept is bounded too; nothing here removes a
+    child (`remove`, `clear`), and those drop what is kept all the same.
+    """
+
+    _kept: dict[tuple[object, ...], Self]
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> Self:
+        if labelkwargs:
+            return super().labels(*labelvalues, **labelkwargs)  # type: ignore[misc, no-any-return]
+        try:
+            return self._kept[labelvalues]
+        except AttributeError:
+            self._kept = {}
+        except KeyError:
+            pass
+        child: Self = super().labels(*labelvalues)  # type: ignore[misc]
+        self._kept[labelvalues] = child
+        return child
+
+    def remove(self, *labelvalues: object) -> None:
+        self._kept = {}
+        super().remove(*labelvalues)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._kept = {}
+        super().clear()  # type: ignore[misc]
+
+
+class Counter(_KeptChildren, _Counter):
+    pass
+
+
+class Gauge(_KeptChildren, _Gauge):
+    pass
+
+
+class Histogram(_KeptChildren, _Histogram):
+    pass
 
 
 class Metrics:

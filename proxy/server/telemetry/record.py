@@ -9,9 +9,10 @@ name both: a client's id is only its claim, and another client may send the same
 from __future__ import annotations
 
 import dataclasses
+import operator
+import os
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -69,10 +70,8 @@ class RequestRecord:
 
     def log_fields(self) -> dict[str, object]:
         # Every field is a plain value: a shallow copy (asdict's deep one cost a fifth of a
-        # streamed request's own CPU).
-        fields = {name: getattr(self, name) for name in _FIELDS}
-        fields.pop("started")
-        fields.pop("completed")
+        # streamed request's own CPU), read in one call.
+        fields = dict(zip(_LOGGED, _logged_values(self), strict=True))
         # The value the metrics carry (`none` for requests no model applies to), so a log
         # line and the series it was counted in can be matched by the same label.
         fields["model"] = self.model or NO_MODEL
@@ -82,7 +81,13 @@ class RequestRecord:
         return fields
 
 
-_FIELDS: Final = tuple(field.name for field in dataclasses.fields(RequestRecord))
+# Every field but the two that are the record's own bookkeeping, in their order.
+_LOGGED: Final = tuple(
+    field.name
+    for field in dataclasses.fields(RequestRecord)
+    if field.name not in ("started", "completed")
+)
+_logged_values: Final = operator.attrgetter(*_LOGGED)
 RECORD = web.RequestKey("record", RequestRecord)
 
 
@@ -90,8 +95,10 @@ def new_record(request: web.Request, route: str) -> RequestRecord:
     """The record of a request just arrived: a fresh id, and the client's if it is usable."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
     client_request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else None
+    # 128 random bits in 32 hex digits, the shape `uuid4().hex` had (whose six fixed bits
+    # only made it a UUID), at a fraction of its cost.
     return RequestRecord(
-        uuid.uuid4().hex, request.method, route, client_request_id=client_request_id
+        os.urandom(16).hex(), request.method, route, client_request_id=client_request_id
     )
 
 
@@ -109,8 +116,8 @@ def stream_end(record: RequestRecord) -> str | None:
     return "error"
 
 
-async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: every response, streamed or not, carries its request id."""
+def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """As a response is prepared: every response, streamed or not, carries its request id."""
     record = request.get(RECORD)
     if record is not None:
         response.headers[REQUEST_ID_HEADER] = record.forwarded_id

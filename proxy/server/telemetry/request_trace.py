@@ -92,8 +92,8 @@ class RequestTrace(ABC):
 TRACE = web.RequestKey[RequestTrace]("trace")
 
 
-async def echo_trace(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare` (with tracing on): the response names its trace."""
+def echo_trace(request: web.Request, response: web.StreamResponse) -> None:
+    """As a response is prepared (with tracing on): the response names its trace."""
     trace = request.get(TRACE)
     if trace is not None:
         response.headers[TRACERESPONSE_HEADER] = trace.response_header

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.errors import NotAcceptable
+from proxy.core.http import content_coding
 from proxy.core.http.coding_sizes import BYTES_PER_TOKEN, FLUSH_INTERVALS_MS
 from proxy.core.http.content_coding import (
     MEASURED_CURVE,
@@ -369,3 +370,32 @@ def test_a_codec_client_offers_what_it_decodes_and_zstd_only_with_its_dictionary
     assert picked in parse_accept_encoding(offered)
     if not zstd:
         assert picked != "zstd"
+
+
+def test_an_accept_encoding_field_is_parsed_once_for_every_request_that_sends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed: list[str] = []
+
+    def counted(value: str) -> dict[str, float]:
+        parsed.append(value)
+        return parse_accept_encoding(value)
+
+    monkeypatch.setattr(content_coding, "parse_accept_encoding", counted)
+    field = "br;q=0.9, gzip;q=0.8, x-once-per-field"  # in no other test: not parsed yet
+    picks = {
+        negotiate_coding(
+            field,
+            stream_format="msgpack",
+            flush_interval_ms=50.0,
+            flush_frames=0,
+            zstd_dictionary=False,
+            codec_client=None,
+        )
+        for _ in range(3)
+    }
+    picks.add(negotiate_json_coding(field, window_ms=50.0))
+    assert parsed == [field]
+    assert picks <= {"br", "gzip"}
+    with pytest.raises(TypeError):
+        content_coding._accepted(field)["gzip"] = 1.0  # type: ignore[index]  # shared: read-only

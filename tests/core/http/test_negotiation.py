@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.core.http import negotiation
 from proxy.core.http.negotiation import (
     PREFIXED_MSGPACK_MEDIA_TYPE,
     accepted_media_types,
@@ -36,3 +37,18 @@ def test_accept_is_lowercased_and_weighted() -> None:
 )  # fmt: skip
 def test_prefixed_msgpack_only_when_named_with_a_weight(accept: str | None, prefixed: bool) -> None:
     assert wants_prefixed_msgpack(accept) is prefixed
+
+
+def test_an_accept_field_is_read_once_for_every_request_that_sends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read: list[str] = []
+
+    def counted(value: str) -> dict[str, float]:
+        read.append(value)
+        return accepted_media_types(value)
+
+    monkeypatch.setattr(negotiation, "accepted_media_types", counted)
+    field = f"{PREFIXED_MSGPACK_MEDIA_TYPE}, application/x-once-per-field;q=0.5"
+    assert [wants_prefixed_msgpack(field) for _ in range(3)] == [True] * 3
+    assert read == [field]
