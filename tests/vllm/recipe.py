@@ -3,7 +3,8 @@
 The block's two commands are read from README.md itself: vLLM's, then the proxy's. Only what
 names this machine changes: the model directory (the one tests/vllm/backend.py converted), the
 ports (free ones), the interpreters (vLLM's virtualenv, the project's) and the traces endpoint
-(the test's receiver). What else a test adds is appended and says why (`VllmServer`).
+(the test's receiver); a placeholder the README no longer writes fails the test. What else
+the tests add is appended and says why (tests/vllm/conftest.py).
 """
 
 from __future__ import annotations
@@ -58,17 +59,18 @@ def readme_commands() -> tuple[Command, Command]:
 
 
 def substituted(words: Sequence[str], values: Mapping[str, str]) -> list[str]:
-    """`words` with each placeholder replaced: whole words (ports) and URL prefixes."""
-    out = []
+    """`words` with each placeholder replaced: whole words (ports) and URL and path prefixes.
+    Every placeholder must be there, or the command would run with the README's value."""
+    out, used = [], set()
     for word in words:
-        if word in values:
-            word = values[word]
-        else:
-            for placeholder, value in values.items():
-                if placeholder.startswith(("http://", "/")) and word.startswith(placeholder):
-                    word = value + word[len(placeholder) :]
-                    break
+        for placeholder, value in values.items():
+            prefix = placeholder.startswith(("http://", "/", "."))
+            if word == placeholder or (prefix and word.startswith(placeholder)):
+                word = value + word[len(placeholder) :]
+                used.add(placeholder)
+                break
         out.append(word)
+    assert used == set(values), f"not in the README's command {words}: {set(values) - used}"
     return out
 
 
