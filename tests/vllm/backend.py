@@ -5,12 +5,13 @@ directory, both made once in the download cache and reused.
 
 vLLM brings torch (the virtualenv is about 3.5 GB), so it lives apart from the project's `.venv`
 under `.cache/vllm/`. Every version is pinned; what was built is recorded in a stamp written
-last, so a half-built virtualenv (an interrupted install) is built again, and one that no longer
-imports vLLM at the pinned version fails loudly with the directory to delete. The model is the
-GGUF the project already downloads (proxy/assets.py), converted by tests/vllm/convert_gguf.py in
-vLLM's interpreter; its tokenizer.json is the proxy's own reading of that GGUF (SmolLM2's digit
-splitting included, which transformers' converter drops), so vLLM and the proxy tokenize as
-llama.cpp does. Each converted file is pinned by its sha256 in the directory's stamp.
+last, so a half-built virtualenv (an interrupted install) is built again, and one whose packages
+are no longer as pinned (pip's own records say) fails loudly with the directory to delete. The
+model is the GGUF the project already downloads (proxy/assets.py), converted by
+tests/vllm/convert_gguf.py in vLLM's interpreter; its tokenizer.json is the proxy's own reading
+of that GGUF (SmolLM2's digit splitting included, which transformers' converter drops), so vLLM
+and the proxy tokenize as llama.cpp does. Each converted file is pinned by its sha256 in the
+directory's stamp.
 """
 
 from __future__ import annotations
