@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8080
 
-.PHONY: run test lint format proto assets bench dictionaries clean
+.PHONY: run test test-vllm lint format proto assets bench dictionaries clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,17 @@ assets: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/codec-proxy embedded --port $(PORT)
 
-## Exactly what CI runs after lint.
+## Exactly what CI runs after lint, then test-vllm.
 test: $(STAMP)
 	$(PY) -m proxy.assets --tests
 	$(PY) -m deploy.tools
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not vllm"
+
+## The tests against a real vLLM (tests/vllm/): its CPU build in a virtualenv of its own and
+## SmolLM2 converted for it, both built once into .cache/vllm/ (about 3.5 GB).
+test-vllm: $(STAMP)
+	$(PY) -m tests.vllm.backend
+	$(PY) -m pytest -m vllm tests/vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -31,14 +31,22 @@ def stub(path: Path, script: str) -> None:
 
 
 def run_ci(
-    tmp_path: Path, *, ci: str | None, apt: str, installed: bool = False, lint: str = "true"
+    tmp_path: Path,
+    *,
+    ci: str | None,
+    apt: str,
+    installed: bool = False,
+    lint: str = "true",
+    test: str = "true",
 ) -> Run:
-    """.ci/run in a sandbox; `apt` is the stub apt-get's shell script, `lint` the lint recipe."""
+    """.ci/run in a sandbox; `apt` is the stub apt-get's shell script, `lint` and `test` the
+    first command of those recipes."""
     checkout, bin_dir = tmp_path / "checkout", tmp_path / "bin"
     (checkout / ".ci").mkdir(parents=True)
     shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
     (checkout / "Makefile").write_text(
-        f"lint:\n\t{lint}; echo lint >> ran\ntest:\n\techo test >> ran\n"
+        f"lint:\n\t{lint}; echo lint >> ran\ntest:\n\t{test}; echo test >> ran\n"
+        "test-vllm:\n\techo test-vllm >> ran\n"
     )
     bin_dir.mkdir()
     for tool in ("bash", "make", "dirname"):
@@ -100,7 +108,7 @@ def test_outside_ci_a_failed_install_is_one_line_and_the_run_goes_on(
     run = run_ci(tmp_path, ci=ci, apt=APT_FAILS)
     assert run.status == 0, run
     assert "prometheus not installed: its tests will skip" in run.output
-    assert run.targets == ["lint", "test"]
+    assert run.targets == ["lint", "test", "test-vllm"]
 
 
 def test_in_ci_the_tools_are_installed_then_lint_and_tests_run(tmp_path: Path) -> None:
@@ -108,17 +116,23 @@ def test_in_ci_the_tools_are_installed_then_lint_and_tests_run(tmp_path: Path) -
     assert run.status == 0, run
     assert [call.split()[0] for call in run.apt_calls] == ["update", "install"]
     assert "prometheus" in run.apt_calls[1].split()
-    assert run.targets == ["lint", "test"]
+    assert run.targets == ["lint", "test", "test-vllm"]
 
 
 def test_installed_tools_are_not_installed_again(tmp_path: Path) -> None:
     run = run_ci(tmp_path, ci="true", apt=APT_FAILS, installed=True)
     assert run.status == 0, run
     assert run.apt_calls == []
-    assert run.targets == ["lint", "test"]
+    assert run.targets == ["lint", "test", "test-vllm"]
 
 
 def test_a_failing_lint_stops_the_run(tmp_path: Path) -> None:
     run = run_ci(tmp_path, ci="true", apt=APT_FAILS, installed=True, lint="exit 2")
     assert run.status != 0, run
     assert run.targets == []
+
+
+def test_failing_tests_stop_the_run_before_the_vllm_tests(tmp_path: Path) -> None:
+    run = run_ci(tmp_path, ci="true", apt=APT_FAILS, installed=True, test="exit 1")
+    assert run.status != 0, run
+    assert run.targets == ["lint"]
