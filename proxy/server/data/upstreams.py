@@ -2,11 +2,18 @@
 
 - Each request goes to the routable upstream with the fewest requests in flight
   (`proxy/core/backend/balancer.py`); active health checks and passive ejection decide which are
-  routable. Only connect failures, timeouts and 502/503/504 count towards ejection, never a 500,
-  501 or 4xx (one request's problem), and the last upstream in rotation is never ejected.
-- A request is retried on another upstream only when the connection failed before the upstream
-  sent a single byte (refused, reset, a stale pooled connection): nothing can have reached the
-  client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
+  routable. Only connect failures, timeouts, closes without an answer, malformed heads and
+  502/503/504 count towards ejection, never a 500, 501 or 4xx (one request's problem); what a
+  request may have caused counts against one upstream at most; and the last upstream in
+  rotation is never ejected.
+- A request goes to another upstream only when it provably never reached one: the connect
+  failed, or nothing of it was written. A kept-alive connection that closes unanswered is sent
+  on again once, on a fresh connection to the same upstream, and held against no one: the
+  upstream had most likely closed it while it sat in the pool (llama.cpp half-closes after a
+  streamed response, uvicorn closes idle ones after 5 s). An upstream that read the request on
+  a fresh connection and closed without answering may have run it, or died of it (a query of
+  death would walk through every replica): a 502, counted as `closed`, unless
+  `resend_unanswered_requests` sends it on. An upstream's answer, even a 5xx, is final.
 - Timeouts: connect; time to first byte (headers and first body chunk share one budget); idle
   between chunks. No total timeout: a long generation is not a failure (peers.md A2). Under a
   time-to-first-byte budget, what clears an upstream's failure count is its first body byte,
@@ -37,6 +44,7 @@ from proxy.core.backend.balancer import Balancer, UpstreamState, is_gateway_fail
 from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.framing import request_head
+from proxy.core.http.response_head import MAX_REASON_BYTES
 from proxy.server.data.connections import ConnectionPool, Origin
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstream_protocol import (
@@ -57,11 +65,6 @@ SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Conte
 # Our own probes say who they are, so backend logs (and tests) can tell them from traffic.
 HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 
-# A kept-alive connection the upstream had already closed (llama.cpp half-closes after a
-# streamed response; uvicorn closes idle ones after 5 s) fails with nothing received: the
-# request never started there, so it is sent again at once, to the same upstream, on a fresh
-# connection. The pool may hold more than one such connection.
-_STALE_RETRIES = 2
 # The client's request head names these itself; the upstream request gets its own.
 _OWN_REQUEST_FIELDS = frozenset({"host", "content-length", "expect"})
 # A traced request's upstream attempt sends its own trace context: the caller's is the parent of
@@ -267,23 +270,20 @@ class UpstreamPool:
         trace: RequestTrace | None,
     ) -> tuple[Exchange, UpstreamAttempt | None]:
         tried: set[str] = set()
-        last_failure: BaseException | None = None
-        stale_retries_left = _STALE_RETRIES
+        last_failure: UpstreamConnectionError | None = None
+        # The upstream whose pooled connection turned out closed: sent to again, on a fresh one.
+        stale: UpstreamState | None = None
+        # Whether an upstream was held to account for what this request may have caused: one
+        # at most is.
+        blamed = False
         resent = 0
         while True:
-            upstream = self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
+            upstream = stale or self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
+            fresh, stale = stale is not None, None
             if upstream is None:
-                detail = "; ".join(
-                    f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
-                )
-                # Tried and timed out: 504. Tried and refused: 502. None to try at all: 503.
-                if isinstance(last_failure, ConnectTimedOut):
-                    message = f"upstream connect timed out ({detail})"
-                    raise UpstreamTimeout(message, code="connect_timeout") from last_failure
-                if last_failure is not None:
-                    message = f"upstream unreachable ({detail})"
-                    raise UpstreamUnavailable(message, code="unreachable") from last_failure
-                raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
+                raise self._none_left(last_failure, tried) from last_failure
+            if resent:
+                self.metrics.retries.inc()
             upstream.outstanding += 1
             origin = self._origins[upstream.url]
             attempt = None if trace is None else trace.attempt(method, origin, path_qs, resent)
@@ -291,7 +291,7 @@ class UpstreamPool:
             conn: UpstreamConnection | None = None
             try:
                 async with asyncio.timeout_at(deadline):
-                    conn = await self.connections.connection(origin)
+                    conn = await self.connections.connection(origin, fresh=fresh)
                     head = await conn.request(
                         _request_head(
                             origin,
@@ -316,7 +316,7 @@ class UpstreamPool:
                 if isinstance(exc, TimeoutError):
                     # The time-to-first-byte budget ran out while waiting for the head.
                     self.metrics.timeouts.labels("ttft").inc()
-                    self._failed(upstream, "timeout", exc)
+                    self._failed(upstream, "timeout", exc, hold=not blamed)
                     raise UpstreamTimeout(
                         f"upstream {upstream.url} did not answer in time (ttft timeout)",
                         code="ttft_timeout",
@@ -324,19 +324,38 @@ class UpstreamPool:
                 if not isinstance(exc, UpstreamConnectionError):
                     raise  # cancelled: the client left
                 last_failure = exc
-                if not exc.nothing_received:
-                    self._failed(upstream, "protocol", exc)
-                    raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
-                if isinstance(exc, Disconnected) and exc.stale and stale_retries_left:
-                    stale_retries_left -= 1
-                    self.metrics.retries.inc()
+                if isinstance(exc, Disconnected) and exc.stale:
+                    # The stale-connection race: not the upstream's failure, nor the request's.
+                    # A fresh connection is never stale, so this happens once per upstream.
+                    stale = upstream
                     continue
-                if isinstance(exc, ConnectTimedOut):
-                    self.metrics.timeouts.labels("connect").inc()
-                self._failed(upstream, "connect", exc)
+                if exc.nothing_sent:
+                    # It never reached this upstream: the next one may have it.
+                    if isinstance(exc, ConnectTimedOut):
+                        self.metrics.timeouts.labels("connect").inc()
+                    self._failed(upstream, "connect", exc)
+                    tried.add(upstream.url)
+                    continue
+                if not exc.nothing_received:
+                    self._failed(upstream, "protocol", exc, hold=not blamed)
+                    raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
+                # It read the request, or some of it, and closed without a word: it may have
+                # run it, or died of it. Sent again only where the operator asked for that.
+                self._failed(upstream, "closed", exc, hold=not blamed)
+                blamed = True
+                if not self.settings.resend_unanswered_requests:
+                    raise UpstreamUnavailable(
+                        f"upstream {upstream.url} closed the connection without answering",
+                        code="upstream_closed",
+                    ) from exc
                 tried.add(upstream.url)
-                self.metrics.retries.inc()
                 continue
+            if head.reason is None:
+                log.warning(
+                    "upstream %s answered %d with a reason phrase that is not relayed (a control "
+                    "character, or over %d bytes): the status goes with the standard phrase",
+                    upstream.url, head.status, MAX_REASON_BYTES,
+                )  # fmt: skip
             if head.status >= 500:
                 self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
             answered = None
@@ -394,11 +413,35 @@ class UpstreamPool:
             skip_auto_headers=SKIP_AUTO_HEADERS,
         )
 
-    def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException) -> None:
+    def _failed(
+        self, upstream: UpstreamState, kind: str, exc: BaseException, *, hold: bool = True
+    ) -> None:
+        """Count a failure of `kind`; `hold`: towards ejecting the upstream too (a request
+        that reached several upstreams is held against the first only)."""
         self.metrics.upstream_errors.labels(kind, self.model).inc()
         reason = f"{kind}: {exc!r}"
-        if self.balancer.failed(upstream, time.monotonic(), reason):
+        if hold and self.balancer.failed(upstream, time.monotonic(), reason):
             self._ejected(upstream, reason)
+
+    def _none_left(
+        self, last_failure: UpstreamConnectionError | None, tried: set[str]
+    ) -> ProxyError:
+        """No upstream is left to try: 504 when the last one tried timed out connecting, 502
+        when it failed otherwise, 503 when there was none to try at all."""
+        if last_failure is not None and not last_failure.nothing_sent:
+            message = (
+                "the last upstream tried closed the connection without answering (tried: "
+                f"{', '.join(sorted(tried))})"
+            )
+            return UpstreamUnavailable(message, code="upstream_closed")
+        detail = "; ".join(
+            f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
+        )
+        if isinstance(last_failure, ConnectTimedOut):
+            return UpstreamTimeout(f"upstream connect timed out ({detail})", code="connect_timeout")
+        if last_failure is not None:
+            return UpstreamUnavailable(f"upstream unreachable ({detail})", code="unreachable")
+        return NoUpstream(f"no upstream available ({detail})", code="no_upstream")
 
     def _ejected(self, upstream: UpstreamState, reason: str) -> None:
         self.metrics.ejections.inc()
