@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 import pytest
 
 from tests.server.conftest import MakeProxy, ProxyClient
 from tests.server.raw_http import Connect, RawResponse, parse
 from tests.server.raw_upstream import Answer, StartUpstream, json_answer
+from tests.server.support import access_line
 
 pytestmark = pytest.mark.uvloop_too
 
@@ -86,18 +86,6 @@ def problems(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
         for r in caplog.records
         if r.levelno >= logging.WARNING and r.name in ("codec_proxy", "asyncio")
     ]
-
-
-async def access_line(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
-    """The request's access-log line, written once the handler is done."""
-    for _ in range(100):
-        lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
-        if lines:
-            (line,) = lines
-            fields: dict[str, Any] = line
-            return fields
-        await asyncio.sleep(0.02)
-    raise AssertionError("no access-log line")
 
 
 async def metrics_text(proxy: ProxyClient) -> str:
