@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.core.errors import ProxyError, UpstreamTimeout
 from proxy.core.http.framing import request_head
 from proxy.server.data import upstream_protocol
 from proxy.server.data.connections import ConnectionPool, Origin
@@ -19,9 +20,11 @@ from proxy.server.data.upstream_protocol import (
     MAX_HEAD_BYTES,
     BadResponse,
     ConnectFailed,
+    ConnectTimedOut,
     Disconnected,
     ResponseHead,
     UpstreamConnection,
+    proxy_error,
 )
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -442,3 +445,39 @@ async def test_a_tls_upstream_is_verified_and_served(serve, certificate) -> None
     _, head, data = await exchange(connections, url)
     assert (head.status, data) == (200, b"secret")
     await connections.close()
+
+
+def closed(*, before_response: bool) -> Disconnected:
+    return Disconnected("closed", before_response=before_response, sent=True, reused=False)
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [
+        (ConnectTimedOut("connect timed out"), 504, "connect_timeout"),
+        (ConnectFailed("refused"), 502, "unreachable"),
+        (closed(before_response=True), 502, "upstream_closed"),
+        (closed(before_response=False), 502, "upstream_closed"),
+        (BadResponse("malformed response"), 502, None),
+        (TimeoutError(), 504, "ttft_timeout"),
+        (RuntimeError("anything else"), 502, None),
+    ],
+)
+def test_an_upstream_failure_is_one_error_of_the_proxys(
+    failure: BaseException, status: int, code: str | None
+) -> None:
+    error = proxy_error(failure, "http://backend")
+    assert (error.status_hint, error.error_type, error.code) == (
+        status,
+        "upstream_timeout" if status == 504 else "upstream_error",
+        code,
+    )
+    assert error.__cause__ is failure
+    assert error.message.startswith("upstream ")
+    assert "(http://backend)" in error.message
+    assert str(failure) in error.message
+
+
+def test_the_proxys_own_error_stays_what_it_is() -> None:
+    timeout: ProxyError = UpstreamTimeout("idle", code="idle_timeout")
+    assert proxy_error(timeout, "anything") is timeout

@@ -1,10 +1,12 @@
 """One HTTP/1.1 connection to an upstream, as an `asyncio.Protocol`: the body by callbacks.
 
 The data plane owns its upstream connections instead of reading through aiohttp's client, so
-that each body chunk the socket delivers goes straight from `data_received` through the C
-parser (`httptools`, llhttp) to the stream's sink, with no coroutine resumed and no buffer in
-between (docs/BENCHMARKS.md "The callback data plane" has both measured). A connection carries
-one request at a time; the pool (`connections.py`) keeps it alive between them.
+that what each socket read brings goes from `data_received` through the C parser (`httptools`,
+llhttp) to the stream's sink in one call, with no coroutine resumed: llhttp's `on_body`
+callbacks only collect the read's body bytes, however many HTTP chunks it held, and once the
+parser is through the read the sink gets them in one piece (docs/BENCHMARKS.md "The callback
+data plane" has it measured). A connection carries one request at a time; the pool
+(`connections.py`) keeps it alive between them.
 
 * The head is awaited (`request()`), once per request: a coroutine there costs nothing per
   token. Interim 1xx answers are skipped (RFC 9110 §15.2); the head may not exceed
@@ -13,8 +15,9 @@ one request at a time; the pool (`connections.py`) keeps it alive between them.
   and a reason phrase it cannot repeat is dropped for the proxy's own.
 * A failure says how far the request got (`nothing_sent`, `nothing_received`, `stale`): what
   decides whether it may be sent again (`upstreams.py`).
-* The body goes to a `BodySink` (`attach`): `on_data` per chunk as llhttp decodes it,
-  `on_end` once, or `on_error` once. What arrives before a sink is attached is kept for it.
+* The body goes to a `BodySink` (`attach`): `on_data` once per read, with the body bytes the
+  read brought, `on_end` once, or `on_error` once. What arrives before a sink is attached is
+  kept for it.
 * Reading pauses and resumes on the sink's word (the client's backpressure).
 * Reuse only when the request was written whole, the response was read to its end and both
   sides keep the connection alive (RFC 9112 §9.3); anything else closes it.
@@ -31,6 +34,12 @@ from typing import Final, Protocol, cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.core.errors import (
+    ProxyError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from proxy.core.http.response_head import relayed_reason, status_refusal, transfer_coding_refusal
 
 # A head larger than this is an upstream gone wrong, not a response (aiohttp's client allows
@@ -77,6 +86,42 @@ class Disconnected(UpstreamConnectionError):
 
 class BadResponse(UpstreamConnectionError):
     """What the upstream sent is not HTTP/1.1 this proxy can relay."""
+
+
+# What a failed upstream exchange is to the client: the first row whose class the failure is
+# (the most specific first), as httpx maps httpcore's exceptions: the error, its code, and the
+# words a log line says it in. Anything else is a plain 502.
+_PROXY_ERRORS: Final[tuple[tuple[type[BaseException], type[ProxyError], str | None, str], ...]] = (
+    (ConnectTimedOut, UpstreamTimeout, "connect_timeout", "upstream connect timed out"),
+    (ConnectFailed, UpstreamUnavailable, "unreachable", "upstream unreachable"),
+    (Disconnected, UpstreamUnavailable, "upstream_closed", "upstream closed the connection"),
+    (BadResponse, UpstreamProtocolError, None, "upstream response unusable"),
+    # The time-to-first-byte budget ran out waiting for the head.
+    (TimeoutError, UpstreamTimeout, "ttft_timeout", "upstream did not answer in time"),
+)
+_ANY_OTHER: Final = (UpstreamUnavailable, None, "upstream failed")
+
+
+def proxy_error(exc: BaseException, where: str) -> ProxyError:
+    """An upstream exchange's failure as the error the proxy answers with, caused by `exc`:
+    its class and code from the table above; its message (for the log: a client reads the
+    class's public message) the row's words, `where` (which upstream, at what point) and what
+    `exc` says. The proxy's own errors (the watchdog's timeouts, a body's verdict) are already
+    that."""
+    if isinstance(exc, ProxyError):
+        return exc
+    error, code, words = next(
+        (
+            (error, code, words)
+            for kind, error, code, words in _PROXY_ERRORS
+            if isinstance(exc, kind)
+        ),
+        _ANY_OTHER,
+    )
+    detail = str(exc)
+    failure = error(f"{words} ({where})" + (f": {detail}" if detail else ""), code=code)
+    failure.__cause__ = exc
+    return failure
 
 
 @dataclass(frozen=True, slots=True)

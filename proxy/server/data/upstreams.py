@@ -46,12 +46,14 @@ from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.framing import request_head
 from proxy.core.http.response_head import MAX_REASON_BYTES
 from proxy.server.data.connections import ConnectionPool, Origin
+from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstream_protocol import (
     ConnectTimedOut,
     Disconnected,
     UpstreamConnection,
     UpstreamConnectionError,
+    proxy_error,
 )
 from proxy.server.telemetry.metrics import Metrics
 from proxy.server.telemetry.traces import RequestTrace, UpstreamAttempt
@@ -231,34 +233,49 @@ class UpstreamPool:
     @contextlib.asynccontextmanager
     async def open(
         self,
+        context: StreamContext,
+        *,
         method: str,
         path_qs: str,
-        *,
         headers: Iterable[tuple[str, str]],
-        data: bytes | None,
-        trace: RequestTrace | None = None,
+        body: bytes | None,
     ) -> AsyncIterator[Exchange]:
-        """Send a request upstream; yields once the response head is in. At the end the
-        exchange keeps, drains or closes its connection (`Exchange.end`). `trace`: each
-        attempt is a client span of it, ended with the exchange."""
-        settings = self.settings
-        budget = self.budget
-        budget.take()
+        """The one way a client request's upstream exchange is opened: sent upstream (to
+        another upstream, or again, only as `_send` allows), yielding once the response head
+        is in. The request's record, the active-streams gauge, the drain's count of streams in
+        flight and the stream budget follow it; each attempt is a client span of the request's
+        trace. At the end the exchange keeps, drains or closes its connection
+        (`Exchange.end`)."""
+        record = context.record
+        record.mode = context.mode
+        record.phase = "upstream_headers"
+        metrics = context.metrics
+        active = metrics.active_streams.labels(context.mode, context.model)
+        active.inc()
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
-            exchange, attempt = await self._send(
-                method, path_qs, list(headers), data, deadline, trace
-            )
-            try:
-                yield exchange
-            finally:
-                exchange.end()
-                exchange.upstream.outstanding -= 1
-                if attempt is not None:
-                    attempt.ended()
+            with context.lifecycle.tracking():
+                self.budget.take()
+                try:
+                    ttft = self.settings.ttft_timeout
+                    deadline = asyncio.get_running_loop().time() + ttft if ttft else None
+                    exchange, attempt = await self._send(
+                        method, path_qs, list(headers), body, deadline, context.trace
+                    )
+                    record.upstream = exchange.upstream.url
+                    try:
+                        yield exchange
+                    finally:
+                        # Also when the client hangs up mid-stream.
+                        record.bytes_in = exchange.bytes_in
+                        metrics.bytes_in.labels(context.mode, context.model).inc(exchange.bytes_in)
+                        exchange.end()
+                        exchange.upstream.outstanding -= 1
+                        if attempt is not None:
+                            attempt.ended()
+                finally:
+                    self.budget.give_back()
         finally:
-            budget.give_back()
+            active.dec()
 
     async def _send(
         self,
@@ -281,7 +298,12 @@ class UpstreamPool:
             upstream = stale or self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
             fresh, stale = stale is not None, None
             if upstream is None:
-                raise self._none_left(last_failure, tried) from last_failure
+                detail = "; ".join(
+                    f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
+                )
+                if last_failure is None:
+                    raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
+                raise proxy_error(last_failure, f"none left to try: {detail}")
             if resent:
                 self.metrics.retries.inc()
             upstream.outstanding += 1
@@ -317,10 +339,7 @@ class UpstreamPool:
                     # The time-to-first-byte budget ran out while waiting for the head.
                     self.metrics.timeouts.labels("ttft").inc()
                     self._failed(upstream, "timeout", exc, hold=not blamed)
-                    raise UpstreamTimeout(
-                        f"upstream {upstream.url} did not answer in time (ttft timeout)",
-                        code="ttft_timeout",
-                    ) from exc
+                    raise proxy_error(exc, f"{upstream.url}, ttft timeout") from exc
                 if not isinstance(exc, UpstreamConnectionError):
                     raise  # cancelled: the client left
                 last_failure = exc
@@ -336,20 +355,17 @@ class UpstreamPool:
                     self._failed(upstream, "connect", exc)
                     tried.add(upstream.url)
                     continue
-                if not exc.nothing_received:
+                if exc.nothing_received:
+                    # It read the request, or some of it, and closed without a word: it may
+                    # have run it, or died of it. Sent on only where the operator asked for it.
+                    self._failed(upstream, "closed", exc, hold=not blamed)
+                    blamed = True
+                    if self.settings.resend_unanswered_requests:
+                        tried.add(upstream.url)
+                        continue
+                else:
                     self._failed(upstream, "protocol", exc, hold=not blamed)
-                    raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
-                # It read the request, or some of it, and closed without a word: it may have
-                # run it, or died of it. Sent again only where the operator asked for that.
-                self._failed(upstream, "closed", exc, hold=not blamed)
-                blamed = True
-                if not self.settings.resend_unanswered_requests:
-                    raise UpstreamUnavailable(
-                        f"upstream {upstream.url} closed the connection without answering",
-                        code="upstream_closed",
-                    ) from exc
-                tried.add(upstream.url)
-                continue
+                raise proxy_error(exc, upstream.url) from exc
             if head.reason is None:
                 log.warning(
                     "upstream %s answered %d with a reason phrase that is not relayed (a control "
@@ -422,26 +438,6 @@ class UpstreamPool:
         reason = f"{kind}: {exc!r}"
         if hold and self.balancer.failed(upstream, time.monotonic(), reason):
             self._ejected(upstream, reason)
-
-    def _none_left(
-        self, last_failure: UpstreamConnectionError | None, tried: set[str]
-    ) -> ProxyError:
-        """No upstream is left to try: 504 when the last one tried timed out connecting, 502
-        when it failed otherwise, 503 when there was none to try at all."""
-        if last_failure is not None and not last_failure.nothing_sent:
-            message = (
-                "the last upstream tried closed the connection without answering (tried: "
-                f"{', '.join(sorted(tried))})"
-            )
-            return UpstreamUnavailable(message, code="upstream_closed")
-        detail = "; ".join(
-            f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
-        )
-        if isinstance(last_failure, ConnectTimedOut):
-            return UpstreamTimeout(f"upstream connect timed out ({detail})", code="connect_timeout")
-        if last_failure is not None:
-            return UpstreamUnavailable(f"upstream unreachable ({detail})", code="unreachable")
-        return NoUpstream(f"no upstream available ({detail})", code="no_upstream")
 
     def _ejected(self, upstream: UpstreamState, reason: str) -> None:
         self.metrics.ejections.inc()
