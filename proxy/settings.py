@@ -290,7 +290,17 @@ class Settings:
     )
     # Shorter than uvicorn's 5 s idle close, so we never reuse a connection it is closing (A8).
     keepalive_timeout: float = option(
-        4.0, help="idle upstream connections are closed after this", minimum=0
+        4.0,
+        help="idle upstream connections are closed after this (0: a connection per request)",
+        minimum=0,
+    )
+    # An upstream that read a request and closed without answering may have run it, or died of
+    # it (a query of death): by default it goes nowhere else, as nginx does with non-idempotent
+    # requests unless `proxy_next_upstream non_idempotent` (docs/DEPLOY.md "Retries").
+    resend_unanswered_requests: bool = option(
+        False,
+        help="send a request that an upstream read and closed unanswered to the next upstream "
+        "(each may run it; off: a 502)",
     )
     health_path: str = option("/health", help="upstream path polled for readiness")
     health_interval: float = option(5.0, help="seconds between active health checks", minimum=0.1)
@@ -299,7 +309,8 @@ class Settings:
     # (proxy/core/backend/balancer.py).
     eject_after: int = option(
         3,
-        help="consecutive connect failures, timeouts or 502/503/504 that eject an upstream",
+        help="consecutive failures that eject an upstream (connect, timeout, a close without an "
+        "answer, a bad head, 502/503/504)",
         minimum=1,
     )
     eject_seconds: float = option(

@@ -166,7 +166,7 @@ class CodecBody:
         return self._guard.done
 
     def feed(self, chunk: bytes, now: float) -> bytes:
-        # Once per upstream chunk: the helpers `flush` and `fail` use are inlined here.
+        # Once per feed (an upstream read): the helpers `flush` and `fail` use are inlined here.
         frames = self._guard.feed(chunk)
         if self._verifier is not None:
             frames = self._verified(frames)

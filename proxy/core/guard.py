@@ -98,7 +98,7 @@ class StreamGuard:
         if self._outcome is not None:
             return []
         if self._policed is None and (not frames or not frames[-1].done):
-            # The common case, once per upstream chunk: no policy, no terminal frame (only a
+            # The common case, once per feed: no policy, no terminal frame (only a
             # terminal frame can be last; what the floor changes is only its finish reason).
             for frame in frames:
                 self._sent += len(frame.ids)

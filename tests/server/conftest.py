@@ -20,6 +20,7 @@ from proxy.tokenizers.vocabulary import Vocabulary
 from tests import pinned_draws
 from tests.fake_upstream import FakeUpstream
 from tests.server.raw_http import Connect, connections
+from tests.server.raw_upstream import StartUpstream, raw_upstreams
 
 AiohttpServer = Callable[..., Awaitable[TestServer]]
 ProxyClient = TestClient[web.Request, web.Application]
@@ -101,6 +102,13 @@ async def connect() -> AsyncIterator[Connect]:
     """Raw HTTP/1.1 connections to a proxy (tests/server/raw_http.py), closed after the test."""
     async with connections() as connect:
         yield connect
+
+
+@pytest.fixture
+async def raw_upstream() -> AsyncIterator[StartUpstream]:
+    """Upstreams on bare sockets (tests/server/raw_upstream.py), stopped after the test."""
+    async with raw_upstreams() as start:
+        yield start
 
 
 def drift_monitor(client: ProxyClient) -> DriftMonitor:

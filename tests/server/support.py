@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
+import pytest
+
 from proxy.core.wire.decoder import FrameDecoder
 from proxy.core.wire.frames import Frame
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -57,3 +59,15 @@ async def wait_for(predicate: Callable[[], bool], seconds: float = 3.0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("condition not reached in time")
+
+
+async def access_line(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    """The request's access-log line, written once the handler is done (after the body)."""
+    for _ in range(100):
+        lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
+        if lines:
+            (line,) = lines
+            fields: dict[str, Any] = line
+            return fields
+        await asyncio.sleep(0.02)
+    raise AssertionError("no access-log line")

@@ -185,13 +185,17 @@ async def test_upstream_that_dies_is_retried_elsewhere_and_ejected(
         assert resp.status == 200  # the other one serves
 
 
-async def test_stale_connection_hang_up_before_answer_is_retried(
+async def test_a_hang_up_before_answering_goes_to_another_upstream_when_asked(
     make_proxy: MakeProxy, make_upstream
 ) -> None:
+    # The upstream read the request: it goes on only with resend_unanswered_requests (without
+    # it, a 502: tests/server/test_resends.py).
     flaky, flaky_url = await make_upstream()
     good, good_url = await make_upstream()
     flaky.script = Script(load_capture(SAMPLE), hang_up=True)
-    proxy = await make_proxy(upstream=(flaky_url, good_url), health_interval=60)
+    proxy = await make_proxy(
+        upstream=(flaky_url, good_url), health_interval=60, resend_unanswered_requests=True
+    )
     for _ in range(3):
         async with proxy.post("/v1/completions", json=codec_body()) as resp:
             assert resp.status == 200

@@ -9,11 +9,9 @@ neither drops those events nor sends them unchecked.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -24,7 +22,7 @@ from tests.codec_client import codecai_frames, codecai_map, render
 from tests.fake_upstream import Capture, FakeUpstream, Script
 from tests.server.conftest import MakeProxy, ProxyClient
 from tests.server.policy_support import v04, write_policy
-from tests.server.support import frames_of
+from tests.server.support import access_line, frames_of
 
 CODEC = {"prompt": "Once", "max_tokens": 32, "stream_format": "msgpack"}
 JSON = {"prompt": "Once", "max_tokens": 32, "stream": True}
@@ -49,18 +47,6 @@ def script(body: bytes, *, at_once: bool) -> Script:
         return Script(comment, inject_after_events=0, inject=body)
     capture = Capture(200, "OK", (("Content-Type", "text/event-stream"),), body)
     return Script(capture, delay=0.02)
-
-
-async def access_line(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
-    """The request's access-log line, written once the handler is done (after the body)."""
-    for _ in range(100):
-        lines = [r.fields for r in caplog.records if hasattr(r, "fields")]
-        if lines:
-            (line,) = lines
-            fields: dict[str, Any] = line
-            return fields
-        await asyncio.sleep(0.02)
-    raise AssertionError("no access-log line")
 
 
 @pytest.mark.parametrize("at_once", [True, False], ids=["read-at-once", "frames-out"])

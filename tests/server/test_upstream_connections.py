@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from proxy.core.errors import ProxyError, UpstreamTimeout
 from proxy.core.http.framing import request_head
+from proxy.server.data import upstream_protocol
 from proxy.server.data.connections import ConnectionPool, Origin
 from proxy.server.data.upstream_protocol import (
     MAX_HEAD_BYTES,
     BadResponse,
     ConnectFailed,
+    ConnectTimedOut,
     Disconnected,
     ResponseHead,
     UpstreamConnection,
+    proxy_error,
 )
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -134,6 +138,34 @@ async def test_a_connection_is_kept_alive_and_reused(serve) -> None:
     assert second is first
     assert accepted == 1
     assert connections.idle_connections == 1
+    await connections.close()
+
+
+async def test_keepalive_timeout_0_and_fresh_connections_reuse_none(serve) -> None:
+    accepted = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    url = await serve(handler)
+    connections = pool(keepalive_timeout=0.0)
+    first, _, _ = await exchange(connections, url)
+    second, _, _ = await exchange(connections, url)
+    assert second is not first
+    assert (accepted, connections.idle_connections) == (2, 0)
+    await connections.close()
+    # Kept alive, a connection asked to be fresh is a new one whatever is idle.
+    connections = pool()
+    origin = Origin.of(url)
+    kept, _, _ = await exchange(connections, url)
+    fresh = await connections.connection(origin, fresh=True)
+    assert fresh is not kept
+    assert connections.idle_connections == 1
+    connections.release(fresh, origin)
     await connections.close()
 
 
@@ -271,6 +303,30 @@ async def test_a_malformed_response_is_a_bad_response(serve) -> None:
     await connections.close()
 
 
+async def test_a_switch_of_protocols_never_escapes_data_received(
+    serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 101 is refused at its head; were it let through, llhttp would stop at the switch with
+    # HttpParserUpgrade, which must end the exchange, not leave `data_received` for asyncio to
+    # log as a fatal transport error.
+    monkeypatch.setattr(upstream_protocol, "status_refusal", lambda status: None)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n"
+            b"not http any more"
+        )
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    url = await serve(handler)
+    connections = pool()
+    with pytest.raises(BadResponse, match="switched protocols"):
+        await asyncio.wait_for(exchange(connections, url), 5)
+    await connections.close()
+
+
 async def test_a_closed_idle_connection_is_stale_on_its_next_request(serve) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
@@ -290,6 +346,21 @@ async def test_a_closed_idle_connection_is_stale_on_its_next_request(serve) -> N
             request_head("GET", "/x", [("Host", "h")], body_length=None), None, head_only=False
         )
     assert caught.value.stale
+    assert caught.value.nothing_received
+    await connections.close()
+
+
+async def test_a_close_after_the_request_on_a_fresh_connection_is_not_stale(serve) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)  # read whole, then dropped: the backend died of it
+
+    url = await serve(handler)
+    connections = pool()
+    with pytest.raises(Disconnected) as caught:
+        await exchange(connections, url)
+    # It reached the upstream: not to be sent anywhere else as if it had not.
+    assert not caught.value.stale
+    assert not caught.value.nothing_sent
     assert caught.value.nothing_received
     await connections.close()
 
@@ -374,3 +445,39 @@ async def test_a_tls_upstream_is_verified_and_served(serve, certificate) -> None
     _, head, data = await exchange(connections, url)
     assert (head.status, data) == (200, b"secret")
     await connections.close()
+
+
+def closed(*, before_response: bool) -> Disconnected:
+    return Disconnected("closed", before_response=before_response, sent=True, reused=False)
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [
+        (ConnectTimedOut("connect timed out"), 504, "connect_timeout"),
+        (ConnectFailed("refused"), 502, "unreachable"),
+        (closed(before_response=True), 502, "upstream_closed"),
+        (closed(before_response=False), 502, "upstream_closed"),
+        (BadResponse("malformed response"), 502, None),
+        (TimeoutError(), 504, "ttft_timeout"),
+        (RuntimeError("anything else"), 502, None),
+    ],
+)
+def test_an_upstream_failure_is_one_error_of_the_proxys(
+    failure: BaseException, status: int, code: str | None
+) -> None:
+    error = proxy_error(failure, "http://backend")
+    assert (error.status_hint, error.error_type, error.code) == (
+        status,
+        "upstream_timeout" if status == 504 else "upstream_error",
+        code,
+    )
+    assert error.__cause__ is failure
+    assert error.message.startswith("upstream ")
+    assert "(http://backend)" in error.message
+    assert str(failure) in error.message
+
+
+def test_the_proxys_own_error_stays_what_it_is() -> None:
+    timeout: ProxyError = UpstreamTimeout("idle", code="idle_timeout")
+    assert proxy_error(timeout, "anything") is timeout

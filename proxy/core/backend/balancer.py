@@ -9,15 +9,18 @@ Pure state, time passed in. Health comes from two sides:
   itself is unwell eject it for `eject_seconds`; any other outcome clears the count. An ejected
   upstream comes back when its time is up, and at once if an active check finds it healthy.
 
-Only failures that say nothing about the request count: a connect failure or reset before any
-answer, a timeout, and the gateway statuses 502, 503 and 504 (RFC 9110 §15.6.3-§15.6.5: an
-upstream of the server failed, the server is overloaded or down for maintenance, or it gave up
-waiting). 500 and 501 (§15.6.1-§15.6.2) are the server saying that *this* request met an
-unexpected condition or asks for something it does not implement: llama.cpp answers a chat
-request whose `tools` is not an array with 500 and `/v1/embeddings` on a server started without
-`--embeddings` with 501. Counting those would let any client eject a healthy backend by repeating
-one bad request; a backend that fails every request with 500 is left to the active check. This
-is Envoy's "consecutive gateway failure" detector rather than its "consecutive 5xx" one.
+What counts is what says the upstream itself is unwell: a connect failure, a timeout, the
+gateway statuses 502, 503 and 504 (RFC 9110 §15.6.3-§15.6.5: an upstream of the server failed,
+the server is overloaded or down for maintenance, or it gave up waiting), a close without an
+answer (a backend that crashed or restarted, whatever made it) and a head that cannot be
+relayed. The last two may be one request's doing, so the edge holds them against one upstream
+per request, never against every upstream the request could reach. 500 and 501
+(§15.6.1-§15.6.2) are the server saying that *this* request met an unexpected condition or
+asks for something it does not implement: llama.cpp answers a chat request whose `tools` is
+not an array with 500 and `/v1/embeddings` on a server started without `--embeddings` with
+501. Counting those would let any client eject a healthy backend by repeating one bad request;
+a backend that fails every request with 500 is left to the active check. This is Envoy's
+"consecutive gateway failure" detector rather than its "consecutive 5xx" one.
 
 Ejection is capped, as in Envoy's outlier detection (`max_ejection_percent`): at most that share
 of the upstreams is ejected at once, and never the last one still in rotation, so passive
@@ -120,8 +123,8 @@ class Balancer:
         return False
 
     def failed(self, upstream: UpstreamState, now: float, error: str) -> bool:
-        """Count a sign that the upstream is unwell (a connect failure, a reset before any
-        answer, a timeout, a gateway status); True when it ejected the upstream."""
+        """Count a sign that the upstream is unwell (a connect failure, a close without an
+        answer, a bad head, a timeout, a gateway status); True when it ejected the upstream."""
         upstream.consecutive_failures += 1
         upstream.last_error = error
         if upstream.consecutive_failures < self._eject_after or not self._may_eject(upstream, now):

@@ -1,7 +1,9 @@
 """HTTP/1.1 message framing, sans-IO: a response body on its way out, a request head.
 
 The data plane writes response bodies straight to the client's transport, past aiohttp's
-writer, so the framing aiohttp would apply lives here, once (RFC 9112 §6):
+writer, so the framing aiohttp would apply is decided here (RFC 9112 §6). The steady path
+(proxy/server/data/stream.py's `on_data`) writes a chunk's framing itself, the one copy of
+`frame`'s chunked case, so that a read stays one Python frame:
 
 * `chunked`: each write is one chunk, `<hex size>\\r\\n<data>\\r\\n`; an empty write is never a
   chunk, because the zero-size chunk is the body's end (§7.1), which aiohttp writes at the end;

@@ -41,7 +41,7 @@ from proxy.core.stream.token_source import RETOKENIZED, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.wire.frames import FrameEncoder, encoder_for
 from proxy.server.control.auth import presented_key
-from proxy.server.control.exchanges import stream_context, upstream_exchange
+from proxy.server.control.exchanges import stream_context
 from proxy.server.control.headers import combined_header, forward_headers
 from proxy.server.control.relay import relay_response
 from proxy.server.control.versioning import (
@@ -248,8 +248,7 @@ async def _open_upstream(
             backend=backend,
             rename=served.config.upstream_model is not None,
         )
-        return upstream_exchange(
-            request,
+        return served.pool.open(
             context,
             method="POST",
             path_qs=plan.upstream_path,

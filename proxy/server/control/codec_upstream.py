@@ -59,7 +59,7 @@ from proxy.core.render.response import (
 )
 from proxy.core.wire.frames import encoder_for
 from proxy.server.control.codec import admit_codec
-from proxy.server.control.exchanges import stream_context, upstream_exchange
+from proxy.server.control.exchanges import stream_context
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
 from proxy.server.control.relay import relay, relay_response
 from proxy.server.data.context import StreamContext
@@ -129,8 +129,7 @@ async def serve_from_codec(
         ("Codec-Client-Version", CLIENT_VERSION),
     ]
     context = stream_context(request, MODE)
-    async with upstream_exchange(
-        request,
+    async with model.pool.open(
         context,
         method="POST",
         path_qs=request_target(request),

@@ -18,7 +18,7 @@ from proxy.core.errors import UpstreamProtocolError
 from proxy.core.safety.json_policing import JsonStreamPolicer, Verdict, police_json_body
 from proxy.core.safety.policy import SafetyPolicy
 from proxy.core.safety.stream import PolicedText
-from proxy.server.control.exchanges import stream_context, upstream_exchange
+from proxy.server.control.exchanges import stream_context
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
 from proxy.server.control.json_compression import JsonCompression, json_compression
 from proxy.server.control.relay import relay_response
@@ -44,8 +44,7 @@ async def police_json(
     request: web.Request, body: bytes, endpoint: Endpoint, policy: SafetyPolicy
 ) -> web.StreamResponse:
     context = stream_context(request, "policed")
-    async with upstream_exchange(
-        request,
+    async with model_of(request).pool.open(
         context,
         method=request.method,
         path_qs=request_target(request),

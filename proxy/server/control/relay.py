@@ -17,13 +17,14 @@ from aiohttp import web
 
 from proxy.core.bodies import CompressedWholeBody, RelayedBody, ResponseBody
 from proxy.core.http.content_coding import coding_label
-from proxy.server.control.exchanges import stream_context, upstream_exchange
+from proxy.server.control.exchanges import stream_context
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
 from proxy.server.control.json_compression import json_compression
 from proxy.server.control.request_body import read_request_body
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.stream import StreamedResponse, stream_response
+from proxy.server.models.served_models import model_of
 
 
 async def relay_response(
@@ -71,8 +72,7 @@ async def relay(
     stream's label in metrics and the access log."""
     data = body if body is not None else await read_request_body(request)
     context = stream_context(request, mode)
-    async with upstream_exchange(
-        request,
+    async with model_of(request).pool.open(
         context,
         method=request.method,
         path_qs=request_target(request),

@@ -2,10 +2,11 @@
 
 * At most `limit` connections in all and `limit_per_host` to one origin (0: no per-origin
   limit), in use or idle; a request beyond them waits for one to come back.
-* An idle connection is reused newest first, and closed after `keepalive_timeout` idle: below
-  the backends' own idle timeouts (uvicorn's is 5 s), so the upstream rarely closes one just as
-  a request is written on it. When it does anyway, the exchange sees `Disconnected(stale=True)`
-  and the request is sent again on a fresh connection (`upstreams.py`).
+* An idle connection is reused newest first, and closed after `keepalive_timeout` idle (0:
+  never reused): below the backends' own idle timeouts (uvicorn's is 5 s), so the upstream
+  rarely closes one just as a request is written on it. When it does anyway, the exchange sees
+  `Disconnected(stale=True)` and the request is sent again, once, on a fresh connection
+  (`upstreams.py`).
 * `connect_timeout` bounds the TCP connect and the TLS handshake; `https://` upstreams are
   verified against the system's trust store (or `SSL_CERT_FILE`), with SNI and ALPN
   `http/1.1`.
@@ -104,14 +105,14 @@ class ConnectionPool:
     def idle_connections(self) -> int:
         return sum(len(conns) for conns in self._idle.values())
 
-    async def connection(self, origin: Origin) -> UpstreamConnection:
-        """An idle kept-alive connection to `origin`, or a new one once the limits allow.
-        Raises `ConnectFailed` (and `ConnectTimedOut`)."""
+    async def connection(self, origin: Origin, *, fresh: bool = False) -> UpstreamConnection:
+        """An idle kept-alive connection to `origin`, or a new one once the limits allow
+        (`fresh`: always a new one). Raises `ConnectFailed` (and `ConnectTimedOut`)."""
         key = origin.key
         while True:
             if self._closing:
                 raise ConnectFailed("the connection pool is closed")
-            idle = self._idle.get(key)
+            idle = None if fresh else self._idle.get(key)
             while idle:
                 conn = idle.pop()
                 self._unexpire(conn)
@@ -130,7 +131,7 @@ class ConnectionPool:
     def release(self, conn: UpstreamConnection, origin: Origin) -> None:
         """The exchange on `conn` is over: kept for the next request if it can be, else
         closed."""
-        if conn.reusable and not self._closing:
+        if conn.reusable and self.keepalive_timeout and not self._closing:
             conn.released()
             self._idle.setdefault(origin.key, []).append(conn)
             loop = asyncio.get_running_loop()

@@ -23,13 +23,14 @@ from typing import Final
 from multidict import CIMultiDictProxy
 
 from proxy.core.backend.balancer import UpstreamState
-from proxy.core.errors import UpstreamProtocolError, UpstreamTimeout
+from proxy.core.errors import UpstreamTimeout
 from proxy.server.data.connections import ConnectionPool, Origin
 from proxy.server.data.upstream_protocol import (
     BodySink,
     ResponseHead,
     UpstreamConnection,
     UpstreamConnectionError,
+    proxy_error,
 )
 
 # After a Codec stream's terminal frame the upstream has its usage chunk and [DONE] left:
@@ -134,15 +135,15 @@ class Exchange:
         """The body, read whole: (the first `limit` bytes, whether that was all of it).
 
         For small answers the proxy must see whole (an error to relay, a JSON completion to
-        check against the safety policy). Raises `UpstreamProtocolError` when the upstream
-        fails or goes quiet for the idle timeout first.
+        check against the safety policy). Raises the proxy's error (`proxy_error`) when the
+        upstream fails first, `UpstreamTimeout` when it goes quiet for the idle timeout.
         """
         sink = _Collector(asyncio.get_running_loop().create_future(), limit)
         self.attach(sink)
         try:
             await sink.done
-        except (UpstreamConnectionError, UpstreamTimeout) as exc:
-            raise UpstreamProtocolError(f"upstream body failed: {exc}") from exc
+        except UpstreamConnectionError as exc:
+            raise proxy_error(exc, "reading the body whole") from exc
         finally:
             self._conn.detach()
         return bytes(sink.data), not sink.over

@@ -2,13 +2,14 @@
 
 Every streamed answer (pass-through, policed JSON, Codec) is an upstream exchange, a
 `ResponseBody` (proxy/core/bodies.py) and a client connection. Once the response has started,
-each upstream chunk goes
+what each upstream read brings goes
 
-    socket read → llhttp (upstream_protocol.py) → `on_data` → `body.feed` → framing → client
-    transport `write`
+    socket read → llhttp (upstream_protocol.py) → `on_data`, once per read → `body.feed` →
+    framing → client transport `write`
 
 inside the one read callback: no coroutine is resumed and no task switches per event. The
 handler's task waits on one future for the whole stream and wakes once, at its end.
+`ResponseStream`'s docstring has what each event does in each phase.
 
 * **Before the response starts** the body is fed until it is `ready` (its status and headers
   can be decided; the first read fed a few KiB at a time so the first frame is not held up by
@@ -16,9 +17,10 @@ handler's task waits on one future for the whole stream and wakes once, at its e
   are coroutines) while what arrives meanwhile is kept, as it came, for when streaming starts
   (past `_READY_BUFFER_BYTES` the upstream is paused). A failure up to then is still a clean
   502/504.
-* **Backpressure**: when the client's transport asks to pause writing, reading the upstream
-  pauses, and resumes with it; the write timeout is one timer started on the pause. A client
-  that does not read for `write_timeout` is dropped (its connection aborted, not closed).
+* **Backpressure** (`FlowControl`, flow.py): when the client's transport asks to pause
+  writing, reading the upstream pauses, and resumes with it; the write timeout is one timer
+  started on the pause. A client that does not read for `write_timeout` is dropped (its
+  connection aborted, not closed).
 * **Timers**: the body's flush deadline (compressed Codec streams) is one timer, re-armed only
   when the deadline moves; the upstream's first-byte/idle watchdog is the exchange's.
 * **Ends**: the upstream's end flushes the body; a failure mid-body ends it the way its kind can
@@ -27,7 +29,7 @@ handler's task waits on one future for the whole stream and wakes once, at its e
   timeout ends the stream with `body.fail("proxy shutting down")`; a client that leaves closes
   the upstream at once (the backend stops generating).
 * **Accounting** per stream, published once: bytes, time to first byte, the gaps between
-  writes (`LocalHistogram`), the body's mean cost per chunk.
+  writes (`LocalHistogram`), the body's mean cost per feed.
 """
 
 from __future__ import annotations
@@ -43,13 +45,14 @@ from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
 from proxy.core.bodies import ResponseBody
-from proxy.core.errors import ProxyError, UpstreamUnavailable
+from proxy.core.errors import ProxyError
 from proxy.core.http.framing import BodyFramer, Framing
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.data.context import StreamContext
 from proxy.server.data.drain import is_shutdown
 from proxy.server.data.exchange import Exchange
-from proxy.server.data.upstream_protocol import UpstreamConnectionError
+from proxy.server.data.flow import FlowControl
+from proxy.server.data.upstream_protocol import proxy_error
 from proxy.server.telemetry.histograms import LocalHistogram
 
 log = logging.getLogger("codec_proxy")
@@ -95,7 +98,51 @@ class _Phase(Enum):
 
 
 class ResponseStream:
-    """The callbacks of one stream. Use `stream_response`."""
+    """The callbacks of one stream. Use `stream_response`.
+
+    Each event, in each phase (→ the phase it leads to; "end": `_finish`, the one way into
+    ENDED; "end before the response": `_end_before_response`, the upstream closed and
+    `ready` raising, a clean 502/504 or the body's own status; in ENDED every event is
+    ignored: nothing more is fed or written, and the upstream waits to be drained or closed):
+
+    event               BEFORE                  READY                   STREAMING
+    ------------------  ----------------------  ----------------------  ------------------------
+    upstream read       fed in slices until     kept as it came; past   fed, framed, written;
+    (`on_data`)         the body is ready       `_READY_BUFFER_BYTES`   the body done: end
+                        → READY, the rest kept  the upstream is held    (complete)
+    upstream end        flushed into the head   kept                    flushed, the last bytes
+    (`on_end`)          → READY, the end kept                           written: end (complete)
+    upstream failure    end before the          kept                    `body.fail`: a terminal
+    (`on_error`)        response                                        frame, end (complete);
+                                                                        else the client closed,
+                                                                        end (upstream_failed)
+    the body refuses    end before the          (nothing is fed)        as an upstream failure
+    its bytes           response
+    a bug in a          logged; end before the  logged; the upstream    logged; as an upstream
+    callback            response (500)          closed: end             failure
+                                                (upstream_failed)
+    flush deadline      its bytes into the      (cancelled)             its bytes written, the
+                        head; ready → READY                             next one armed
+    `run`: the          -                       the head written, what  -
+    response starts                             was kept fed, the
+                                                upstream read again
+                                                → STREAMING
+    write timeout       -                       (the head's write) the  the client aborted, the
+                                                client aborted, the     upstream closed: end
+                                                upstream closed: end    (slow_client)
+                                                (slow_client)
+    client paused,      (not told)              (not told; `run` looks  `FlowControl`: the
+    resumed                                     at the transport)       upstream held and the
+                                                                        write timer armed, or
+                                                                        both undone
+    client lost         (the handler is         (seen by `run`) the     the upstream closed:
+                        cancelled)              upstream closed: end    end (client_left)
+                                                (client_left)
+    drain timeout       (the handler is         (the handler is         the upstream closed;
+    (`shutdown`)        cancelled)              cancelled)              `body.fail`: a terminal
+                                                                        frame, else the client
+                                                                        closed: end (shutdown)
+    """
 
     __slots__ = (
         "_body",
@@ -110,6 +157,7 @@ class ResponseStream:
         "_feed",
         "_feed_seconds",
         "_feeds",
+        "_flow",
         "_framer",
         "_gaps",
         "_last_write",
@@ -125,7 +173,6 @@ class ResponseStream:
         "_timed",
         "_transport",
         "_transport_write",
-        "_write_timer",
         "bytes_out",
         "head",
     )
@@ -152,7 +199,12 @@ class ResponseStream:
         self._pending_error: Exception | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_at = 0.0
-        self._write_timer: asyncio.TimerHandle | None = None
+        self._flow = FlowControl(
+            exchange,
+            loop,
+            write_timeout=context.write_timeout,
+            on_write_timeout=self.drop_slow_client,
+        )
         self._client: ProxyProtocol | None = None
         self._transport: asyncio.Transport | None = None
         self._transport_write: Callable[[bytes], object] = _nowhere
@@ -219,7 +271,7 @@ class ResponseStream:
                 self._rest.append(data)
                 self._rest_bytes += len(data)
                 if self._rest_bytes > _READY_BUFFER_BYTES:
-                    self._exchange.pause_reading()
+                    self._flow.hold()
         except ProxyError as failure:
             self._failed(failure)
         except Exception as exc:
@@ -247,10 +299,8 @@ class ResponseStream:
             if phase is _Phase.STREAMING:
                 self._upstream_failed(exc)
             elif phase is _Phase.BEFORE:
-                self._phase = _Phase.ENDED
-                self._cancel_timers()
-                if not self._ready.done():
-                    self._ready.set_exception(_before_response(exc))
+                failure = proxy_error(exc, "before the response started")
+                self._end_before_response(failure)
             elif phase is _Phase.READY:
                 self._pending_error = exc
         except ProxyError as failure:
@@ -261,19 +311,12 @@ class ResponseStream:
     # --- the client's connection (ClientListener) ------------------------------------------------
 
     def client_paused(self) -> None:
-        if self._phase is not _Phase.STREAMING:
-            return
-        self._exchange.pause_reading()
-        timeout = self._context.write_timeout
-        if timeout and self._write_timer is None:
-            self._write_timer = self._loop.call_later(timeout, self._write_timed_out)
+        if self._phase is _Phase.STREAMING:
+            self._flow.pause_client()
 
     def client_resumed(self) -> None:
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
         if self._phase is _Phase.STREAMING:
-            self._exchange.resume_reading()
+            self._flow.resume_client()
 
     def client_lost(self) -> None:
         if self._phase is not _Phase.ENDED:
@@ -462,11 +505,8 @@ class ResponseStream:
             self._end_whole(b"")
         else:
             self._arm_deadline()
-            client = self._client
-            if self._rest_bytes > _READY_BUFFER_BYTES and not (
-                client is not None and client.writing_paused
-            ):
-                self._exchange.resume_reading()
+            if self._flow.buffering:
+                self._flow.release()
 
     def _write(self, data: bytes) -> None:
         """Write body bytes outside the steady path (a flush deadline), framed and accounted
@@ -541,13 +581,7 @@ class ResponseStream:
             if self._phase is _Phase.STREAMING:
                 self._upstream_failed(failure)
             elif self._phase is not _Phase.ENDED:
-                self._phase = _Phase.ENDED
-                self._cancel_timers()
-                self._exchange.cancel()
-                if not self._ready.done():
-                    self._ready.set_exception(failure)  # its status: a clean HTTP error
-                if not self._done.done():
-                    self._done.set_result(StreamEnd.UPSTREAM_FAILED)
+                self._end_before_response(failure)  # its status: a clean HTTP error
         except Exception as exc:
             self._crashed(exc)
 
@@ -569,15 +603,10 @@ class ResponseStream:
         record = self._context.record
         log.error("stream of request %s failed", record.id, exc_info=exc)
         record.outcome = "internal_error"
-        self._exchange.cancel()
         if self._phase is not _Phase.STREAMING:
-            self._phase = _Phase.ENDED
-            self._cancel_timers()
-            if not self._ready.done():
-                self._ready.set_exception(exc)
-            if not self._done.done():
-                self._done.set_result(StreamEnd.UPSTREAM_FAILED)
+            self._end_before_response(exc)
             return
+        self._exchange.cancel()
         try:
             ending = self._body.fail("internal error", self._loop.time())
         except Exception as again:
@@ -589,10 +618,6 @@ class ResponseStream:
         else:
             self._end_whole(ending)
 
-    def _write_timed_out(self) -> None:
-        self._write_timer = None
-        self.drop_slow_client()
-
     def _close_client(self) -> None:
         client = self._client
         if client is not None:
@@ -600,17 +625,24 @@ class ResponseStream:
         if self._transport is not None:
             self._transport.close()
 
+    def _end_before_response(self, error: Exception) -> None:
+        """The one way a stream ends before its response starts: the upstream is closed (the
+        backend stops), and the handler's `ready` raises `error`, a clean HTTP error when it
+        is the proxy's."""
+        self._exchange.cancel()
+        if not self._ready.done():
+            self._ready.set_exception(error)
+        self._finish(StreamEnd.UPSTREAM_FAILED)
+
     def _finish(self, end: StreamEnd) -> None:
         if self._phase is _Phase.ENDED:
             return
         self._phase = _Phase.ENDED
         self._end = end
-        self._cancel_timers()
+        self._cancel_deadline()
         # Nothing more is fed: the control plane drains or cancels what is left upstream.
-        exchange = self._exchange
-        exchange.detach()
-        if not exchange.complete:
-            exchange.pause_reading()
+        self._flow.end()
+        self._exchange.detach()
         if not self._done.done():
             self._done.set_result(end)
 
@@ -619,26 +651,9 @@ class ResponseStream:
             self._deadline_timer.cancel()
             self._deadline_timer = None
 
-    def _cancel_timers(self) -> None:
-        self._cancel_deadline()
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
-
 
 def _nowhere(data: bytes) -> None:
     """Where body bytes go before the client's transport is known: nowhere (never called)."""
-
-
-def _before_response(exc: Exception) -> ProxyError:
-    """An upstream failure before anything was sent, as the clean HTTP error it becomes."""
-    if isinstance(exc, ProxyError):
-        return exc  # the watchdog's UpstreamTimeout: 504
-    if isinstance(exc, UpstreamConnectionError):
-        failure = UpstreamUnavailable(f"upstream failed before the response started: {exc}")
-        failure.__cause__ = exc
-        return failure
-    return UpstreamUnavailable(f"upstream failed before the response started: {exc!r}")
 
 
 async def stream_response(

@@ -1,16 +1,23 @@
 """One HTTP/1.1 connection to an upstream, as an `asyncio.Protocol`: the body by callbacks.
 
 The data plane owns its upstream connections instead of reading through aiohttp's client, so
-that each body chunk the socket delivers goes straight from `data_received` through the C
-parser (`httptools`, llhttp) to the stream's sink, with no coroutine resumed and no buffer in
-between (docs/BENCHMARKS.md "The callback data plane" has both measured). A connection carries
-one request at a time; the pool (`connections.py`) keeps it alive between them.
+that what each socket read brings goes from `data_received` through the C parser (`httptools`,
+llhttp) to the stream's sink in one call, with no coroutine resumed: llhttp's `on_body`
+callbacks only collect the read's body bytes, however many HTTP chunks it held, and once the
+parser is through the read the sink gets them in one piece (docs/BENCHMARKS.md "The callback
+data plane" has it measured). A connection carries one request at a time; the pool
+(`connections.py`) keeps it alive between them.
 
 * The head is awaited (`request()`), once per request: a coroutine there costs nothing per
   token. Interim 1xx answers are skipped (RFC 9110 §15.2); the head may not exceed
-  `MAX_HEAD_BYTES`.
-* The body goes to a `BodySink` (`attach`): `on_data` per chunk as llhttp decodes it,
-  `on_end` once, or `on_error` once. What arrives before a sink is attached is kept for it.
+  `MAX_HEAD_BYTES`; a head the proxy cannot relay (core/http/response_head.py: a status
+  outside 100-599 or a 101, a `Transfer-Encoding` other than one `chunked`) is a `BadResponse`,
+  and a reason phrase it cannot repeat is dropped for the proxy's own.
+* A failure says how far the request got (`nothing_sent`, `nothing_received`, `stale`): what
+  decides whether it may be sent again (`upstreams.py`).
+* The body goes to a `BodySink` (`attach`): `on_data` once per read, with the body bytes the
+  read brought, `on_end` once, or `on_error` once. What arrives before a sink is attached is
+  kept for it.
 * Reading pauses and resumes on the sink's word (the client's backpressure).
 * Reuse only when the request was written whole, the response was read to its end and both
   sides keep the connection alive (RFC 9112 §9.3); anything else closes it.
@@ -27,6 +34,14 @@ from typing import Final, Protocol, cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.core.errors import (
+    ProxyError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from proxy.core.http.response_head import relayed_reason, status_refusal, transfer_coding_refusal
+
 # A head larger than this is an upstream gone wrong, not a response (aiohttp's client allows
 # 8 KiB per field and 32 KiB in all; backends send well under 1 KiB).
 MAX_HEAD_BYTES: Final = 64 * 1024
@@ -38,14 +53,17 @@ _NO_BODY: Final = frozenset({204, 304})
 
 
 class UpstreamConnectionError(Exception):
-    """The connection failed; `nothing_received` says no byte of a response came back."""
+    """The connection failed. `nothing_sent`: no byte of the request was written, so it never
+    reached the upstream; `nothing_received`: no byte of a response came back."""
 
+    nothing_sent = False
     nothing_received = False
 
 
 class ConnectFailed(UpstreamConnectionError):
     """Refused, unreachable, a name that does not resolve, a TLS handshake that failed."""
 
+    nothing_sent = True
     nothing_received = True
 
 
@@ -56,10 +74,13 @@ class ConnectTimedOut(ConnectFailed):
 class Disconnected(UpstreamConnectionError):
     """The upstream closed the connection before the response was whole."""
 
-    def __init__(self, message: str, *, before_response: bool, reused: bool) -> None:
+    def __init__(self, message: str, *, before_response: bool, sent: bool, reused: bool) -> None:
         super().__init__(message)
+        self.nothing_sent = not sent
         self.nothing_received = before_response
-        # A kept-alive connection the upstream had already closed: the request never started.
+        # Closed unanswered on a kept-alive connection: most likely one the upstream had
+        # already closed while it sat in the pool (the stale-connection race), which it read
+        # nothing of. On a fresh connection, the upstream closed after reading the request.
         self.stale = before_response and reused
 
 
@@ -67,10 +88,48 @@ class BadResponse(UpstreamConnectionError):
     """What the upstream sent is not HTTP/1.1 this proxy can relay."""
 
 
+# What a failed upstream exchange is to the client: the first row whose class the failure is
+# (the most specific first), as httpx maps httpcore's exceptions: the error, its code, and the
+# words a log line says it in. Anything else is a plain 502.
+_PROXY_ERRORS: Final[tuple[tuple[type[BaseException], type[ProxyError], str | None, str], ...]] = (
+    (ConnectTimedOut, UpstreamTimeout, "connect_timeout", "upstream connect timed out"),
+    (ConnectFailed, UpstreamUnavailable, "unreachable", "upstream unreachable"),
+    (Disconnected, UpstreamUnavailable, "upstream_closed", "upstream closed the connection"),
+    (BadResponse, UpstreamProtocolError, None, "upstream response unusable"),
+    # The time-to-first-byte budget ran out waiting for the head.
+    (TimeoutError, UpstreamTimeout, "ttft_timeout", "upstream did not answer in time"),
+)
+_ANY_OTHER: Final = (UpstreamUnavailable, None, "upstream failed")
+
+
+def proxy_error(exc: BaseException, where: str) -> ProxyError:
+    """An upstream exchange's failure as the error the proxy answers with, caused by `exc`:
+    its class and code from the table above; its message (for the log: a client reads the
+    class's public message) the row's words, `where` (which upstream, at what point) and what
+    `exc` says. The proxy's own errors (the watchdog's timeouts, a body's verdict) are already
+    that."""
+    if isinstance(exc, ProxyError):
+        return exc
+    error, code, words = next(
+        (
+            (error, code, words)
+            for kind, error, code, words in _PROXY_ERRORS
+            if isinstance(exc, kind)
+        ),
+        _ANY_OTHER,
+    )
+    detail = str(exc)
+    failure = error(f"{words} ({where})" + (f": {detail}" if detail else ""), code=code)
+    failure.__cause__ = exc
+    return failure
+
+
 @dataclass(frozen=True, slots=True)
 class ResponseHead:
     status: int
-    reason: str
+    # The upstream's reason phrase, or None when it is not repeated and the status goes with
+    # the proxy's own phrase (core/http/response_head.py).
+    reason: str | None
     # As sent, in order, duplicates kept: relayed byte for byte.
     raw_headers: tuple[tuple[bytes, bytes], ...]
     content_length: int | None
@@ -126,6 +185,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_pending",
         "_read",
         "_reason",
+        "_request_sent",
         "_request_written",
         "_sink",
         "_state",
@@ -149,6 +209,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_request = False
         self._keep_alive = False
         self._body_until_close = False
+        self._request_sent = False  # some of the request was handed to the transport
         self._request_written = False
         self._sink: BodySink | None = None
         self._on_data: Callable[[bytes], None] | None = None  # the sink's, looked up once
@@ -180,7 +241,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._deliver_read()
             self._parser_failed(exc)
             return
@@ -204,6 +265,7 @@ class UpstreamConnection(asyncio.Protocol):
             error = Disconnected(
                 "upstream closed the connection before answering",
                 before_response=True,
+                sent=self._request_sent,
                 reused=self.requests > 1,
             )
             self._deliver_error(error)
@@ -216,6 +278,7 @@ class UpstreamConnection(asyncio.Protocol):
                     Disconnected(
                         f"upstream closed the connection mid-body{reason}",
                         before_response=False,
+                        sent=True,
                         reused=False,
                     )
                 )
@@ -246,22 +309,29 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         parser = self._parser
         status = parser.get_status_code()
-        if 100 <= status < 200 and status != 101:
+        refusal = status_refusal(status)
+        if refusal is not None:
+            raise BadResponse(f"malformed response head: {refusal}")
+        if status < 200:
             return  # an interim answer; the final head follows (RFC 9110 §15.2)
         raw = tuple(self._headers)
         headers = _decoded(raw)
+        no_body = self._head_request or status in _NO_BODY
+        coding = headers.getall("Transfer-Encoding", [])
+        refusal = None if no_body else transfer_coding_refusal(coding)
+        if refusal is not None:
+            raise BadResponse(f"malformed response head: {refusal}")
         length_field = headers.get("Content-Length")
         try:
             length = int(length_field) if length_field is not None else None
         except ValueError:
             length = None  # llhttp has already refused what it could not parse as a length
-        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        chunked = bool(coding) and not no_body
         self._keep_alive = parser.should_keep_alive()
-        no_body = self._head_request or status in _NO_BODY or status == 101
         self._body_until_close = not (no_body or chunked or length is not None)
         head = ResponseHead(
             status=status,
-            reason=self._reason.decode("latin-1"),
+            reason=relayed_reason(self._reason),
             raw_headers=raw,
             content_length=length,
             chunked=chunked,
@@ -271,7 +341,7 @@ class UpstreamConnection(asyncio.Protocol):
         waiter = self._head_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(head)
-        if self._head_request or status == 101:
+        if self._head_request:
             # llhttp would wait for the body a HEAD answer's Content-Length describes but
             # never sends; the answer ends here, and so does the connection's use.
             self._keep_alive = False
@@ -331,6 +401,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.received = 0
         waiter = self._head_waiter = self._loop.create_future()
         transport = self._transport
+        # A closing transport drops what it is given: then nothing of the request went out.
+        self._request_sent = not transport.is_closing()
         if not body or len(body) <= _BODY_WRITE_BYTES:
             transport.write(head + body if body else head)  # one system call for both
         else:
@@ -406,11 +478,19 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- internal --------------------------------------------------------------------------------
 
-    def _parser_failed(self, exc: httptools.HttpParserError) -> None:
-        if isinstance(exc, httptools.HttpParserCallbackError):
-            # A sink guards its own callbacks; this is the connection's own bug.
-            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
-            self._fail(BadResponse(f"response handling failed: {cause!r}"))
+    def _parser_failed(self, exc: httptools.HttpParserError | httptools.HttpParserUpgrade) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
+            # llhttp stops at a switch of protocols: a 101 is refused at its head, but nothing
+            # the upstream sends may leave `data_received` as an exception.
+            self._fail(BadResponse("malformed response: the upstream switched protocols"))
+        elif isinstance(exc, httptools.HttpParserCallbackError):
+            cause = exc.__context__
+            if isinstance(cause, BadResponse):
+                self._fail(cause)  # a head the callbacks refused
+            else:
+                # A sink guards its own callbacks; this is the connection's own bug.
+                cause = cause if isinstance(cause, Exception) else exc
+                self._fail(BadResponse(f"response handling failed: {cause!r}"))
         else:
             self._fail(BadResponse(f"malformed response: {exc}"))
 

@@ -2,11 +2,18 @@
 
 - Each request goes to the routable upstream with the fewest requests in flight
   (`proxy/core/backend/balancer.py`); active health checks and passive ejection decide which are
-  routable. Only connect failures, timeouts and 502/503/504 count towards ejection, never a 500,
-  501 or 4xx (one request's problem), and the last upstream in rotation is never ejected.
-- A request is retried on another upstream only when the connection failed before the upstream
-  sent a single byte (refused, reset, a stale pooled connection): nothing can have reached the
-  client yet, so nothing is ever duplicated. An upstream's answer, even a 5xx, is final.
+  routable. Only connect failures, timeouts, closes without an answer, malformed heads and
+  502/503/504 count towards ejection, never a 500, 501 or 4xx (one request's problem); what a
+  request may have caused counts against one upstream at most; and the last upstream in
+  rotation is never ejected.
+- A request goes to another upstream only when it provably never reached one: the connect
+  failed, or nothing of it was written. A kept-alive connection that closes unanswered is sent
+  on again once, on a fresh connection to the same upstream, and held against no one: the
+  upstream had most likely closed it while it sat in the pool (llama.cpp half-closes after a
+  streamed response, uvicorn closes idle ones after 5 s). An upstream that read the request on
+  a fresh connection and closed without answering may have run it, or died of it (a query of
+  death would walk through every replica): a 502, counted as `closed`, unless
+  `resend_unanswered_requests` sends it on. An upstream's answer, even a 5xx, is final.
 - Timeouts: connect; time to first byte (headers and first body chunk share one budget); idle
   between chunks. No total timeout: a long generation is not a failure (peers.md A2). Under a
   time-to-first-byte budget, what clears an upstream's failure count is its first body byte,
@@ -38,13 +45,16 @@ from proxy.core.backend.readiness import Check, Readiness
 from proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.core.http.framing import request_head
 from proxy.core.http.headers import TRACE_CONTEXT_FIELDS
+from proxy.core.http.response_head import MAX_REASON_BYTES
 from proxy.server.data.connections import ConnectionPool, Origin
+from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstream_protocol import (
     ConnectTimedOut,
     Disconnected,
     UpstreamConnection,
     UpstreamConnectionError,
+    proxy_error,
 )
 from proxy.server.telemetry.metrics import Metrics
 from proxy.server.telemetry.request_trace import RequestTrace, UpstreamAttempt
@@ -58,11 +68,6 @@ SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Conte
 # Our own probes say who they are, so backend logs (and tests) can tell them from traffic.
 HEALTH_CHECK_HEADERS = {"User-Agent": "codec-proxy-health-check"}
 
-# A kept-alive connection the upstream had already closed (llama.cpp half-closes after a
-# streamed response; uvicorn closes idle ones after 5 s) fails with nothing received: the
-# request never started there, so it is sent again at once, to the same upstream, on a fresh
-# connection. The pool may hold more than one such connection.
-_STALE_RETRIES = 2
 # The client's request head names these itself; the upstream request gets its own.
 _OWN_REQUEST_FIELDS = frozenset({"host", "content-length", "expect"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "DELETE", "CONNECT"})
@@ -228,34 +233,49 @@ class UpstreamPool:
     @contextlib.asynccontextmanager
     async def open(
         self,
+        context: StreamContext,
+        *,
         method: str,
         path_qs: str,
-        *,
         headers: Iterable[tuple[str, str]],
-        data: bytes | None,
-        trace: RequestTrace | None = None,
+        body: bytes | None,
     ) -> AsyncIterator[Exchange]:
-        """Send a request upstream; yields once the response head is in. At the end the
-        exchange keeps, drains or closes its connection (`Exchange.end`). `trace`: each
-        attempt is a client span of it, ended with the exchange."""
-        settings = self.settings
-        budget = self.budget
-        budget.take()
+        """The one way a client request's upstream exchange is opened: sent upstream (to
+        another upstream, or again, only as `_send` allows), yielding once the response head
+        is in. The request's record, the active-streams gauge, the drain's count of streams in
+        flight and the stream budget follow it; each attempt is a client span of the request's
+        trace. At the end the exchange keeps, drains or closes its connection
+        (`Exchange.end`)."""
+        record = context.record
+        record.mode = context.mode
+        record.phase = "upstream_headers"
+        metrics = context.metrics
+        active = metrics.active_streams.labels(context.mode, context.model)
+        active.inc()
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + settings.ttft_timeout if settings.ttft_timeout else None
-            exchange, attempt = await self._send(
-                method, path_qs, list(headers), data, deadline, trace
-            )
-            try:
-                yield exchange
-            finally:
-                exchange.end()
-                exchange.upstream.outstanding -= 1
-                if attempt is not None:
-                    attempt.ended()
+            with context.lifecycle.tracking():
+                self.budget.take()
+                try:
+                    ttft = self.settings.ttft_timeout
+                    deadline = asyncio.get_running_loop().time() + ttft if ttft else None
+                    exchange, attempt = await self._send(
+                        method, path_qs, list(headers), body, deadline, context.trace
+                    )
+                    record.upstream = exchange.upstream.url
+                    try:
+                        yield exchange
+                    finally:
+                        # Also when the client hangs up mid-stream.
+                        record.bytes_in = exchange.bytes_in
+                        metrics.bytes_in.labels(context.mode, context.model).inc(exchange.bytes_in)
+                        exchange.end()
+                        exchange.upstream.outstanding -= 1
+                        if attempt is not None:
+                            attempt.ended()
+                finally:
+                    self.budget.give_back()
         finally:
-            budget.give_back()
+            active.dec()
 
     async def _send(
         self,
@@ -267,23 +287,25 @@ class UpstreamPool:
         trace: RequestTrace | None,
     ) -> tuple[Exchange, UpstreamAttempt | None]:
         tried: set[str] = set()
-        last_failure: BaseException | None = None
-        stale_retries_left = _STALE_RETRIES
+        last_failure: UpstreamConnectionError | None = None
+        # The upstream whose pooled connection turned out closed: sent to again, on a fresh one.
+        stale: UpstreamState | None = None
+        # Whether an upstream was held to account for what this request may have caused: one
+        # at most is.
+        blamed = False
         resent = 0
         while True:
-            upstream = self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
+            upstream = stale or self.balancer.pick(time.monotonic(), exclude=frozenset(tried))
+            fresh, stale = stale is not None, None
             if upstream is None:
                 detail = "; ".join(
                     f"{u.url}: {u.last_error or 'unhealthy'}" for u in self.balancer.upstreams
                 )
-                # Tried and timed out: 504. Tried and refused: 502. None to try at all: 503.
-                if isinstance(last_failure, ConnectTimedOut):
-                    message = f"upstream connect timed out ({detail})"
-                    raise UpstreamTimeout(message, code="connect_timeout") from last_failure
-                if last_failure is not None:
-                    message = f"upstream unreachable ({detail})"
-                    raise UpstreamUnavailable(message, code="unreachable") from last_failure
-                raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
+                if last_failure is None:
+                    raise NoUpstream(f"no upstream available ({detail})", code="no_upstream")
+                raise proxy_error(last_failure, f"none left to try: {detail}")
+            if resent:
+                self.metrics.retries.inc()
             upstream.outstanding += 1
             origin = self._origins[upstream.url]
             attempt = None if trace is None else trace.attempt(method, origin, path_qs, resent)
@@ -291,7 +313,7 @@ class UpstreamPool:
             conn: UpstreamConnection | None = None
             try:
                 async with asyncio.timeout_at(deadline):
-                    conn = await self.connections.connection(origin)
+                    conn = await self.connections.connection(origin, fresh=fresh)
                     head = await conn.request(
                         _request_head(
                             origin,
@@ -316,27 +338,40 @@ class UpstreamPool:
                 if isinstance(exc, TimeoutError):
                     # The time-to-first-byte budget ran out while waiting for the head.
                     self.metrics.timeouts.labels("ttft").inc()
-                    self._failed(upstream, "timeout", exc)
-                    raise UpstreamTimeout(
-                        f"upstream {upstream.url} did not answer in time (ttft timeout)",
-                        code="ttft_timeout",
-                    ) from exc
+                    self._failed(upstream, "timeout", exc, hold=not blamed)
+                    raise proxy_error(exc, f"{upstream.url}, ttft timeout") from exc
                 if not isinstance(exc, UpstreamConnectionError):
                     raise  # cancelled: the client left
                 last_failure = exc
-                if not exc.nothing_received:
-                    self._failed(upstream, "protocol", exc)
-                    raise UpstreamUnavailable(f"upstream {upstream.url} failed: {exc}") from exc
-                if isinstance(exc, Disconnected) and exc.stale and stale_retries_left:
-                    stale_retries_left -= 1
-                    self.metrics.retries.inc()
+                if isinstance(exc, Disconnected) and exc.stale:
+                    # The stale-connection race: not the upstream's failure, nor the request's.
+                    # A fresh connection is never stale, so this happens once per upstream.
+                    stale = upstream
                     continue
-                if isinstance(exc, ConnectTimedOut):
-                    self.metrics.timeouts.labels("connect").inc()
-                self._failed(upstream, "connect", exc)
-                tried.add(upstream.url)
-                self.metrics.retries.inc()
-                continue
+                if exc.nothing_sent:
+                    # It never reached this upstream: the next one may have it.
+                    if isinstance(exc, ConnectTimedOut):
+                        self.metrics.timeouts.labels("connect").inc()
+                    self._failed(upstream, "connect", exc)
+                    tried.add(upstream.url)
+                    continue
+                if exc.nothing_received:
+                    # It read the request, or some of it, and closed without a word: it may
+                    # have run it, or died of it. Sent on only where the operator asked for it.
+                    self._failed(upstream, "closed", exc, hold=not blamed)
+                    blamed = True
+                    if self.settings.resend_unanswered_requests:
+                        tried.add(upstream.url)
+                        continue
+                else:
+                    self._failed(upstream, "protocol", exc, hold=not blamed)
+                raise proxy_error(exc, upstream.url) from exc
+            if head.reason is None:
+                log.warning(
+                    "upstream %s answered %d with a reason phrase that is not relayed (a control "
+                    "character, or over %d bytes): the status goes with the standard phrase",
+                    upstream.url, head.status, MAX_REASON_BYTES,
+                )  # fmt: skip
             if head.status >= 500:
                 self.metrics.upstream_errors.labels("status_5xx", self.model).inc()
             answered = None
@@ -394,10 +429,14 @@ class UpstreamPool:
             skip_auto_headers=SKIP_AUTO_HEADERS,
         )
 
-    def _failed(self, upstream: UpstreamState, kind: str, exc: BaseException) -> None:
+    def _failed(
+        self, upstream: UpstreamState, kind: str, exc: BaseException, *, hold: bool = True
+    ) -> None:
+        """Count a failure of `kind`; `hold`: towards ejecting the upstream too (a request
+        that reached several upstreams is held against the first only)."""
         self.metrics.upstream_errors.labels(kind, self.model).inc()
         reason = f"{kind}: {exc!r}"
-        if self.balancer.failed(upstream, time.monotonic(), reason):
+        if hold and self.balancer.failed(upstream, time.monotonic(), reason):
             self._ejected(upstream, reason)
 
     def _ejected(self, upstream: UpstreamState, reason: str) -> None:

@@ -163,13 +163,14 @@ class Metrics:
         )
         self.upstream_errors = Counter(
             "codec_proxy_upstream_errors",
-            "Upstream failures by kind (connect, timeout, status_5xx, protocol) and model.",
+            "Upstream failures by kind (connect, timeout, closed, protocol, status_5xx) and model.",
             ["kind", "model"],
             registry=r,
         )
         self.retries = Counter(
             "codec_proxy_retries",
-            "Requests sent to another upstream after a connect failure (before any byte).",
+            "Requests sent again: to another upstream after a failed connect, on a fresh "
+            "connection after a stale kept-alive one, or as resend_unanswered_requests allows.",
             registry=r,
         )
         self.ejections = Counter(
