@@ -36,11 +36,14 @@ from google.protobuf.message import DecodeError
 from proxy.core.errors import BadRequest, UnsupportedMediaType
 from proxy.core.shown import quoted
 from proxy.core.wire import codec_pb2, protowire
-from proxy.core.wire.formats import MSGPACK, check_stream_format
+from proxy.core.wire.formats import (
+    MSGPACK,
+    MSGPACK_MEDIA_TYPE,
+    PROTOBUF_MEDIA_TYPE,
+    check_stream_format,
+)
 from proxy.core.wire.prompt_ids import PromptLimits, item_types, outside_vocabulary
 
-MSGPACK_MEDIA_TYPE: Final = "application/x-msgpack"
-PROTOBUF_MEDIA_TYPE: Final = "application/x-protobuf"
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_STREAM_FORMAT: Final = MSGPACK
 

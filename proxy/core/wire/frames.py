@@ -32,7 +32,15 @@ from typing import Final, Protocol
 import msgpack
 
 from proxy.core.wire import codec_pb2, delta, protowire
-from proxy.core.wire.formats import MSGPACK, MSGPACK_DELTA, PROTOBUF, SENT_AS, check_stream_format
+from proxy.core.wire.formats import (
+    MEDIA_TYPES,
+    MSGPACK,
+    MSGPACK_DELTA,
+    PREFIXED_MSGPACK_MEDIA_TYPE,
+    PROTOBUF,
+    SENT_AS,
+    check_stream_format,
+)
 from proxy.core.wire.tool_calls import ToolCall, tool_call_map
 
 __all__ = [
@@ -81,8 +89,8 @@ class MsgpackFrameEncoder:
 
     __slots__ = ("_pack",)
 
-    content_type: Final = "application/x-msgpack"
-    stream_format: Final = "msgpack"
+    content_type: Final = MEDIA_TYPES[MSGPACK]
+    stream_format: Final = MSGPACK
 
     def __init__(self) -> None:
         # msgpack packs non-negative ints with the smallest unsigned width, tuples as arrays,
@@ -119,8 +127,8 @@ class MsgpackDeltaFrameEncoder:
 
     __slots__ = ("_base", "_pack")
 
-    content_type: Final = "application/x-msgpack"
-    stream_format: Final = "msgpack-delta"
+    content_type: Final = MEDIA_TYPES[MSGPACK_DELTA]
+    stream_format: Final = MSGPACK_DELTA
 
     def __init__(self) -> None:
         self._pack: Callable[[object], bytes] = msgpack.Packer().pack
@@ -148,8 +156,8 @@ class PrefixedMsgpackFrameEncoder:
 
     __slots__ = ("_msgpack",)
 
-    content_type: Final = "application/codec+msgpack"
-    stream_format: Final = "msgpack"
+    content_type: Final = PREFIXED_MSGPACK_MEDIA_TYPE
+    stream_format: Final = MSGPACK
 
     def __init__(self) -> None:
         self._msgpack = MsgpackFrameEncoder()
@@ -171,8 +179,8 @@ class ProtobufFrameEncoder:
 
     __slots__ = ()
 
-    content_type: Final = "application/x-protobuf"
-    stream_format: Final = "protobuf"
+    content_type: Final = MEDIA_TYPES[PROTOBUF]
+    stream_format: Final = PROTOBUF
 
     def encode(self, frame: Frame) -> bytes:
         if len(frame.ids) > 1 or frame.tool_calls:

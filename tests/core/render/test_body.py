@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.decompressors import new_decompressor
-from proxy.core.render.body import RenderedBody, response_stream_format
+from proxy.core.render.body import RenderedBody
 from proxy.core.render.openai import Envelope, SseRenderer
 from proxy.core.render.turn import TextRules
 from proxy.core.verify.map_decoder import MapDecoder
@@ -177,23 +177,3 @@ def test_a_failure_from_outside(smollm2_map: MapDecoder) -> None:
     rendered = body_for(smollm2_map, "msgpack", "identity")
     read = summary(rendered.fail("connection reset"))
     assert read["error"] == "connection reset"
-
-
-@pytest.mark.parametrize(
-    ("content_type", "header", "expected"),
-    [
-        ("application/x-msgpack", None, "msgpack"),
-        ("application/x-protobuf", None, "protobuf"),
-        ("Application/X-Protobuf; charset=binary", None, "protobuf"),
-        ("application/x-msgpack", "msgpack-delta", "msgpack-delta"),
-        ("application/x-protobuf", " Protobuf ", "protobuf"),
-        ("text/event-stream", None, None),
-        ("application/json", None, None),
-        (None, None, None),
-        ("application/x-msgpack", "protobuf-delta", None),
-    ],
-)
-def test_the_format_a_response_names(
-    content_type: str | None, header: str | None, expected: str | None
-) -> None:
-    assert response_stream_format(content_type, header) == expected

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from proxy.core.render.assets import CodecAssets, CodecIntegrityError, dictionary_digest
+from proxy.core.client.assets import CodecAssets, CodecIntegrityError, dictionary_digest
 from proxy.maps.publish import publish
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.compression_support import shipped_dictionaries
