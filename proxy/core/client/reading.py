@@ -77,9 +77,9 @@ class BodyReader:
         self._raw += len(raw)
         if self._raw > self._limit:
             raise BodyTooLarge(f"body is over {self._limit} bytes", code="body_too_large")
-        out = self._decompressor.feed(raw)
-        self._hash.update(out)
-        self._data += out
+        for piece in self._decompressor.pieces(raw):
+            self._hash.update(piece)
+            self._data += piece
 
     def flush(self) -> ReadBody:
         self._decompressor.flush()

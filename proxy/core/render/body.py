@@ -8,6 +8,12 @@ at its end, `fail` when the connection breaks. Whatever goes wrong inside (a cod
 that does not decode, bytes after the terminal frame) ends the answer the renderer's way: an
 error event after the text so far (openai.py), never an exception in the middle of a body the
 client is already reading.
+
+The body is decoded a piece at a time (the decompressor's `pieces`), each piece's frames
+rendered before the next is decoded: a frame is refused at the frame cap (codec-spec.md §10)
+as its bytes come out of the coding, never after the whole read is decoded. Decoded frames hold
+their IDs at 4 bytes each (proxy/core/wire/decoder.py), so a frame costs a small multiple of its
+size, plus the text it renders to.
 """
 
 from __future__ import annotations
@@ -77,11 +83,15 @@ class RenderedBody:
             # The answer is complete: what follows the terminal frame is the server's error,
             # and the client has all it asked for.
             return b""
+        out = []
         try:
-            frames = self._frames.feed(self._decompressor.feed(data))
+            for piece in self._decompressor.pieces(data):
+                out.append(renderer.feed(self._frames.feed(piece)))
+                if self.done:
+                    break
         except ProxyError as exc:
-            return renderer.fail(exc.message)
-        return renderer.feed(frames)
+            out.append(renderer.fail(exc.message))
+        return b"".join(out)
 
     def flush(self) -> bytes:
         if self.renderer.done:

@@ -31,7 +31,7 @@ the start of one is held back until it is known not to be, as backends hold it b
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from proxy.core.verify.map_decoder import MapDecoder
@@ -40,6 +40,9 @@ __all__ = ["REPLACEMENT", "StopText", "TextDecoder"]
 
 REPLACEMENT: Final = "\ufffd"
 _REPLACEMENT_BYTES: Final = REPLACEMENT.encode()
+# IDs joined at a time: a merged frame may hold millions, and the list of their pieces costs 8
+# bytes an ID on top of the text.
+_SLICE: Final = 1 << 14
 
 
 class TextDecoder:
@@ -52,8 +55,13 @@ class TextDecoder:
         self._table = decoder.table
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def feed(self, ids: Iterable[int]) -> str:
+    def feed(self, ids: Sequence[int]) -> str:
         """The text these IDs complete (a character still incomplete waits for its end)."""
+        if len(ids) > _SLICE:
+            return "".join([self._feed(ids[at : at + _SLICE]) for at in range(0, len(ids), _SLICE)])
+        return self._feed(ids)
+
+    def _feed(self, ids: Sequence[int]) -> str:
         table = self._table
         try:
             # The usual frame: every ID has bytes. IDs are uint32 (the frame decoder checks),

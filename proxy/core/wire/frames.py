@@ -25,7 +25,7 @@ guarantee it); encoders sit on the per-token hot path and do not re-check them.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -56,17 +56,35 @@ __all__ = [
 _LENGTH_PREFIX = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Frame:
     """One Codec frame. `ids` may be empty only on the terminal frame (codec-spec.md §2).
 
+    `ids` is a tuple in the frames the proxy makes; a decoded frame holds them in an
+    `array("I")`, 4 bytes an ID (decoder.py), and equals a made one with the same IDs.
     `tool_calls` holds the calls completed since the previous frame (codec-spec.md §2.5).
     """
 
-    ids: tuple[int, ...]
+    ids: Sequence[int]
     done: bool = False
     finish_reason: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frame):
+            return NotImplemented
+        ids, other_ids = self.ids, other.ids
+        same_ids = (
+            ids == other_ids if type(ids) is type(other_ids) else tuple(ids) == tuple(other_ids)
+        )
+        return same_ids and (self.done, self.finish_reason, self.tool_calls) == (
+            other.done,
+            other.finish_reason,
+            other.tool_calls,
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.ids), self.done, self.finish_reason, self.tool_calls))
 
 
 class FrameEncoder(Protocol):
