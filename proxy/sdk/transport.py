@@ -226,7 +226,7 @@ class _CodecFlow:
         return httpx.Response(
             200,
             headers=headers,
-            stream=self._rendered(response, _Rendering(rendered, self.stats)),
+            stream=self._rendered(response, _Rendering(rendered, answer.map_digest, self)),
             extensions=response.extensions,
         )
 
@@ -504,11 +504,12 @@ def _async_stream(response: httpx.Response) -> httpx.AsyncByteStream:
 class _Rendering:
     """One Codec answer rendered as its body is read, for the sync and the async stream."""
 
-    __slots__ = ("_body", "_rendered", "_stats")
+    __slots__ = ("_body", "_digest", "_flow", "_rendered")
 
-    def __init__(self, body: RenderedBody, stats: CodecStats) -> None:
+    def __init__(self, body: RenderedBody, digest: str, flow: _CodecFlow) -> None:
         self._body = body
-        self._stats = stats
+        self._digest = digest
+        self._flow = flow
         self._rendered = 0
 
     def feed(self, chunk: bytes) -> bytes:
@@ -519,10 +520,14 @@ class _Rendering:
 
     def closed(self) -> None:
         body = self._body
-        self._stats._codec(body.tokens, body.wire_bytes, self._rendered)
+        self._flow.stats._codec(body.tokens, body.wire_bytes, self._rendered)
 
     def _out(self, data: bytes) -> bytes:
         self._rendered += len(data)
+        if self._body.map_drift:
+            # The answer's IDs went past its map's vocabulary: fetched again before it renders
+            # another answer (proxy/core/client/answer.py).
+            self._flow.assets.forget_map(self._digest)
         return data
 
 

@@ -1,5 +1,6 @@
 """The SDK transport against a hostile Codec server: what it can make the transport hold (each
-body the transport reads is bounded as it is decoded, a frame's IDs cost 4 bytes each).
+body the transport reads is bounded as it is decoded, a frame's IDs cost 4 bytes each), and
+IDs from another map than the one it names (an error naming the map, the map fetched again).
 
 The server is a real HTTP server in process; memory is what Python allocated (tracemalloc)
 while the transport handled the request, the server's own bytes made before it started."""
@@ -291,3 +292,44 @@ async def test_a_huge_frame_costs_a_small_multiple_of_its_size(
     assert last.endswith(b"data: [DONE]\n\n")
     assert transport.stats.codec_tokens == len(ids)
     assert peak[0] < 20 * len(body)
+
+
+# --- IDs from another map --------------------------------------------------------------------
+
+
+def streamed_text(client: Any) -> Any:
+    async def collect(stream: Any) -> str:
+        text = []
+        async for chunk in stream:
+            text.append(chunk.choices[0].delta.content or "")
+        return "".join(text)
+
+    result = client.chat.completions.create(**REQUEST)
+    if isinstance(client, OpenAI):
+        return "".join(chunk.choices[0].delta.content or "" for chunk in result)
+
+    async def run() -> str:
+        return await collect(await result)
+
+    return run()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_ids_past_the_map_raise_naming_it_and_the_map_is_fetched_again(
+    mode: Mode, hostile: Hostile, server_url: str, published: PublishedMap
+) -> None:
+    size = json.loads(published.body)["vocab_size"]
+    hostile.answer = frames_answer(
+        published, msgpack_body(Frame((1000, size + 5)), Frame((), True, "length"))
+    )
+    hostile.documents[map_path_by_digest(published.digest)] = Capture(200, "OK", (), published.body)
+    transport = transport_of(mode)
+    for _ in range(2):
+        with pytest.raises(openai.APIError, match=f"past the {size} IDs of map") as raised:
+            await with_openai(mode, transport, server_url, streamed_text)
+        assert f"test/smollm2 sha256:{published.digest}" in raised.value.message
+        assert f"token ID {size + 5}" in raised.value.message
+    # Each answer found the map forgotten, and fetched it before rendering.
+    map_path = map_path_by_digest(published.digest)
+    assert hostile.asked == [f"{CHAT} (codec)", map_path] * 2
+    assert transport.stats.fallbacks == {}

@@ -74,7 +74,7 @@ class CodecAssets:
             document = orjson.loads(body)
             if not isinstance(document, dict):
                 raise TokenizerMapError("tokenizer map is not a JSON object")
-            decoder = MapDecoder.from_document(document)
+            decoder = MapDecoder.from_document(document, digest=digest)
         except (orjson.JSONDecodeError, TokenizerMapError) as exc:
             raise CodecIntegrityError(
                 f"sha256:{digest} is no tokenizer map: {exc}", code="not_a_map"
@@ -82,6 +82,12 @@ class CodecAssets:
         with self._lock:
             self._declared.setdefault(digest, declared_dictionaries(document))
             return self._maps.setdefault(digest, decoder)
+
+    def forget_map(self, digest: str) -> None:
+        """Drop the map `digest`: an answer's IDs went past its vocabulary, so the next answer
+        naming it fetches and checks it again (answer.py)."""
+        with self._lock:
+            self._maps.pop(digest, None)
 
     def declared_dictionaries(self, digest: str) -> tuple[tuple[str, str], ...]:
         """(wire format, 64-hex sha256) of the dictionaries the loaded map `digest` lists:

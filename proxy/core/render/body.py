@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 
 from proxy.core.compression.decompressors import StreamDecompressor
 from proxy.core.errors import ProxyError
+from proxy.core.render.turn import TurnEnd
 from proxy.core.wire.decoder import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 from proxy.core.wire.frames import Frame
 
@@ -37,6 +38,9 @@ class Renderer(Protocol):
 
     @property
     def done(self) -> bool: ...
+
+    @property
+    def end(self) -> TurnEnd | None: ...
 
     @property
     def tokens(self) -> int: ...
@@ -75,6 +79,13 @@ class RenderedBody:
     def tokens(self) -> int:
         """IDs received so far."""
         return self.renderer.tokens
+
+    @property
+    def map_drift(self) -> bool:
+        """Whether the answer ended at an ID past the map's vocabulary (render/turn.py): the
+        map is to be fetched again before another answer is rendered with it."""
+        end = self.renderer.end
+        return end is not None and end.map_drift
 
     def feed(self, data: bytes) -> bytes:
         self.wire_bytes += len(data)

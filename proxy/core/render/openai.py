@@ -120,6 +120,11 @@ class SseRenderer:
         return self._turn.end is not None
 
     @property
+    def end(self) -> TurnEnd | None:
+        """How the turn ended, once it did."""
+        return self._turn.end
+
+    @property
     def tokens(self) -> int:
         return self._turn.tokens
 
@@ -230,6 +235,10 @@ class CompletionRenderer:
     @property
     def done(self) -> bool:
         return self._written
+
+    @property
+    def end(self) -> TurnEnd | None:
+        return self._turn.end
 
     @property
     def tokens(self) -> int:

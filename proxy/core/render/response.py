@@ -67,6 +67,11 @@ class RenderedResponseBody:
         return self._body.tokens
 
     @property
+    def map_drift(self) -> bool:
+        """The answer ended at an ID past its map's vocabulary (body.py)."""
+        return self._body.map_drift
+
+    @property
     def error(self) -> str | None:
         """Why a whole answer is an error object instead (None while it is not)."""
         renderer = self._body.renderer

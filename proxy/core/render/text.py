@@ -18,7 +18,8 @@ character"). Decisions, each what the backends' own detokenizers do with the sam
   llama.cpp's streamed answer leaves them out, but it never reports their IDs either, so a
   Codec stream from it has none to render.
 * An ID the map does not know renders as U+FFFD, like codecai's, breaking any character it
-  interrupts.
+  interrupts. (An ID at or past the map's `vocab_size` never gets here: turn.py ends the stream
+  as an error.)
 
 `StopText`: the text cut at the first stop string, as backends cut it (OpenAI's `stop`: the
 returned text never holds it). The IDs of a Codec stream may hold a stop string the backend never

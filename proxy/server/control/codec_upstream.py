@@ -24,6 +24,8 @@ Codec (docs/DEPLOY.md "Codec on the long hop"). What becomes of each request:
 * An answer whose map or dictionary cannot be fetched, or does not verify, is never rendered:
   it is closed and the request asked again as JSON (proxy/server/models/upstream_maps.py says
   what `/readyz` shows then).
+* An answer whose IDs go past its map's vocabulary ends as an error (the stream's error event,
+  or a 502 for a whole answer), and the map is fetched again before it renders another.
 
 Each outcome is counted in `codec_proxy_codec_upstream_requests_total{model, result}`.
 """
@@ -222,6 +224,9 @@ async def _rendered(
     if body.error is not None:
         record.outcome = "upstream_error"
         log.warning("model %s: a Codec answer ended with error: %s", model.name, body.error)
+    if body.map_drift:
+        record.outcome = "upstream_error"
+        maps.drifted(answer.map_digest)
     if end is StreamEnd.COMPLETE and body.done:
         # What follows the terminal frame is the coding's end: read it, keep the connection.
         exchange.drain_rest()

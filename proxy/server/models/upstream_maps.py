@@ -23,6 +23,9 @@ and shown by the `upstream_map` readiness check):
 * An answer names another map than the pinned one (`drift`: a new model upstream, a fleet
   mid-rollout): that map is fetched and verified before the answer is rendered with it, and
   the pin moves to it; readiness stays as it was.
+* An answer's IDs go past its map's vocabulary (`drift` too: its IDs follow another map than
+  the one it names): that answer ends as an error (proxy/core/render/turn.py), and the map is
+  fetched and verified again before another answer is rendered with it.
 * The map cannot be fetched (`unavailable`): the request is asked again as JSON; readiness is
   unchanged (not ready while nothing was ever pinned).
 * Bytes that do not hash to the digest, or are no map (`hash_mismatch`, `not_a_map`): not
@@ -193,6 +196,21 @@ class UpstreamMaps:
             task.add_done_callback(lambda done: self._settled(self._fetching, digest, done))
         return await asyncio.shield(task)
 
+    def drifted(self, digest: str) -> None:
+        """An answer rendered with the map `digest` had an ID past its vocabulary: counted as
+        drift, and the map fetched and verified again (now, in the background; an answer that
+        names it meanwhile waits for that fetch) before another answer is rendered with it."""
+        self._metrics.upstream_maps.labels(self._model, "drift").inc()
+        published = self._published.pop(digest, None)
+        self._assets.forget_map(digest)
+        log.warning(
+            "model %s: a Codec answer's token IDs went past the vocabulary of map %s it names: "
+            "the upstream's IDs follow another map; fetching it again",
+            self._model,
+            published.header_value if published is not None else f"sha256:{digest}",
+        )
+        self._background(self._load_again(digest))
+
     # --- at start, and until something is pinned ---------------------------------------------
 
     async def pin_from_index(self) -> bool:
@@ -330,6 +348,10 @@ class UpstreamMaps:
             if fmt == self._format:
                 with contextlib.suppress(CodecIntegrityError, MapUnavailable):
                     await self.load_dictionary(digest)
+
+    async def _load_again(self, digest: str) -> None:
+        with contextlib.suppress(CodecIntegrityError, MapUnavailable):
+            await self.load_map(digest)  # counted and logged where it failed
 
     def _background(self, work: Awaitable[object]) -> None:
         task: asyncio.Task[object] = asyncio.ensure_future(work)

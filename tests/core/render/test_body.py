@@ -177,3 +177,18 @@ def test_a_failure_from_outside(smollm2_map: MapDecoder) -> None:
     rendered = body_for(smollm2_map, "msgpack", "identity")
     read = summary(rendered.fail("connection reset"))
     assert read["error"] == "connection reset"
+
+
+def test_an_id_past_the_map_ends_the_answer_as_map_drift(smollm2_map: MapDecoder) -> None:
+    rendered = body_for(smollm2_map, "protobuf", "identity")
+    frames = [Frame((1, 2)), Frame((smollm2_map.vocab_size,)), Frame((), True, "length")]
+    read = summary(rendered.feed(wire(frames, "protobuf", "identity")))
+    assert read["error"] is not None
+    assert "follow another map" in read["error"]
+    assert read["finish"] is None
+    assert rendered.done
+    assert rendered.map_drift
+    fine = body_for(smollm2_map, "protobuf", "identity")
+    fine.feed(wire([Frame((1, 2), True, "length")], "protobuf", "identity"))
+    assert fine.done
+    assert not fine.map_drift
