@@ -82,6 +82,7 @@ def json_compression(request: web.Request, upstream: ResponseHead) -> JsonCompre
         content_type=fields.get("Content-Type"),
         content_encoding=_joined(fields.getall("Content-Encoding", [])),
         cache_control=_joined(fields.getall("Cache-Control", [])),
+        request_cache_control=combined_header(request, "Cache-Control"),
     )
     if body_kind is None:
         return None
