@@ -429,6 +429,20 @@ async def test_the_upstream_is_asked_for_frames_with_what_the_edge_decodes(
     assert [r.path_qs for r in middle.requests].count(map_path_by_digest(published.digest)) == 1
 
 
+async def test_a_model_left_uncompressed_asks_the_long_hop_for_identity_too(
+    middle: Middle, make_edge: MakeEdge, upstream: FakeUpstream
+) -> None:
+    capture = load_capture("llamacpp-chat-sample.txt")
+    upstream.script = Script(capture)
+    edge = await make_edge(middle.url, uncompressed=True)  # type: ignore[attr-defined]
+    path, body = request_for("chat", stream=True)
+    _, _, raw = await post(edge, path, body, headers={"Accept-Encoding": "gzip"})
+    assert read_stream(raw)["text"] == capture.stream_text(chat=True)
+    asked = middle.generation_requests()[-1]
+    assert asked.headers["Accept-Encoding"] == "identity"
+    assert "stream_format" in json.loads(asked.body)  # still Codec, only not compressed
+
+
 async def test_an_upstream_without_an_index_is_pinned_from_its_first_answer(
     middle: Middle, make_edge: MakeEdge, upstream: FakeUpstream
 ) -> None:

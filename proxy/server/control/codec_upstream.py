@@ -52,8 +52,9 @@ from proxy.core.client.reading import MAX_ERROR_BYTES, read_whole
 from proxy.core.compression.decompressors import DecompressionError
 from proxy.core.endpoints import Endpoint
 from proxy.core.errors import ProxyError, UpstreamProtocolError
-from proxy.core.http.content_coding import codec_accept_encoding
+from proxy.core.http.content_coding import IDENTITY, codec_accept_encoding
 from proxy.core.render.response import STREAM_HEADERS, WHOLE_HEADERS, RenderedResponseBody
+from proxy.server.control.auth import presented_key
 from proxy.server.control.codec import admit_codec
 from proxy.server.control.exchanges import stream_context, upstream_exchange
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
@@ -61,6 +62,7 @@ from proxy.server.control.relay import relay, relay_response
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.stream import StreamedResponse, StreamEnd, stream_response
+from proxy.server.models.live import config_of
 from proxy.server.models.served_models import ServedModel, model_of
 from proxy.server.models.upstream_maps import MapUnavailable, UpstreamMaps
 from proxy.server.telemetry.metrics import METRICS
@@ -114,7 +116,10 @@ async def serve_from_codec(
         _count(request, model, "skipped")
         return await repeat()
     record = request[RECORD]
-    coding = codec_accept_encoding(zstd=maps.zstd_dictionary() is not None)
+    if config_of(request).uncompressed(model.name, presented_key(request)):
+        coding = IDENTITY  # the long hop too (core/http/uncompressed.py)
+    else:
+        coding = codec_accept_encoding(zstd=maps.zstd_dictionary() is not None)
     headers = [
         *forward_headers(request, drop=_UPSTREAM_DROP),
         *codec_headers(fmt, coding),
