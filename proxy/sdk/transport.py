@@ -269,8 +269,10 @@ class _CodecFlow:
             error: bytes = (yield _Read(response, MAX_ERROR_BYTES)).data
         except ProxyError as exc:
             # Over the bound, or not in a coding it names: the status stands, in our words.
-            message = f"the server's {status} answer has an error body this client does not "
-            message += f"read: {exc.message}"
+            message = (
+                f"the server's {status} answer has an error body this client does not read: "
+                f"{exc.message}"
+            )
             unread = {"message": message, "type": "codec_client_error", "code": exc.code}
             return _decoded_error(response, orjson.dumps({"error": unread}))
         fallback = fallback_for(

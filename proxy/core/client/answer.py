@@ -37,7 +37,6 @@ from proxy.core.render.body import FrameFormat, RenderedBody
 from proxy.core.render.openai import CompletionRenderer, Envelope, SseRenderer
 from proxy.core.render.turn import TextRules
 from proxy.core.verify.map_decoder import MapDecoder
-from proxy.core.wire.decoder import DEFAULT_MAX_FRAME_BYTES
 from proxy.core.wire.formats import SERVED_AS_ASKED, format_of_media_type
 
 __all__ = [
@@ -78,9 +77,9 @@ class Frames:
         renderer = renderer_for(
             ask, decoder, envelope=envelope, codec_token_source=self.token_source
         )
-        decompressor = new_decompressor(self.content_encoding, dictionary)
+        # The frame decoder keeps to the draft's frame cap (render/body.py).
         return RenderedBody(
-            renderer, self.stream_format, decompressor, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES
+            renderer, self.stream_format, new_decompressor(self.content_encoding, dictionary)
         )
 
 

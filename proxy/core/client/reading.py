@@ -66,11 +66,6 @@ class BodyReader:
         self._data = bytearray()
         self._hash = hashlib.sha256()
 
-    @property
-    def partial(self) -> bytes:
-        """What the body decoded to so far: all of it that a failed read leaves."""
-        return bytes(self._data)
-
     def feed(self, raw: bytes) -> None:
         # The coded bytes are capped too: a body coded larger than it may decode to is no
         # compression, and a gzip header's name field decodes to nothing at all.

@@ -307,8 +307,6 @@ def _unpack_frame_by_values(
     value: dict[str, Any] = {}
     items: Any = None
     try:
-        if _MSGPACK_HEADERS[payload[0]][0] != _MAP:
-            raise _error(f"msgpack frame starts with 0x{payload[0]:02x}, not a map")
         for _ in range(unpacker.read_map_header()):
             key = unpacker.unpack()
             if type(key) is not str and type(key) is not bytes:  # as strict_map_key refuses

@@ -135,8 +135,8 @@ async def serve_from_codec(
         body=ask.body,
     ) as exchange:
         head = exchange.head
-        fields_of_head = head.headers
-        answer = read_answer(head.status, fields_of_head)
+        head_fields = head.headers
+        answer = read_answer(head.status, head_fields)
         if isinstance(answer, Frames):
             rendered = await _rendered(request, context, exchange, ask, maps, answer)
             if rendered is not None:
@@ -151,7 +151,7 @@ async def serve_from_codec(
             maps.refusals.remember(key, time.monotonic(), DEFAULT_REMEMBER_SECONDS)
             _count(request, model, "answered_json")
             log.warning("model %s: the Codec upstream answered a Codec request with %s",
-                        model.name, fields_of_head.get("Content-Type"))  # fmt: skip
+                        model.name, head_fields.get("Content-Type"))  # fmt: skip
             if ask.streamed:
                 return await relay_response(request, context, exchange)
         elif answer.may_be_refusal:
@@ -163,8 +163,8 @@ async def serve_from_codec(
                 )
             fallback = None
             try:
-                error = read_whole(raw, fields_of_head.get("Content-Encoding"), MAX_ERROR_BYTES)
-                fallback = fallback_for(head.status, fields_of_head, error.data)
+                error = read_whole(raw, head_fields.get("Content-Encoding"), MAX_ERROR_BYTES)
+                fallback = fallback_for(head.status, head_fields, error.data)
             except ProxyError:
                 pass  # not a refusal: relayed as it came
             if fallback is None:
