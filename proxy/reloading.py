@@ -205,7 +205,8 @@ def widenings(
         add("responses compressed again", "uncompressed")
     before_models = {entry.name: entry.uncompressed for entry in running.models}
     for entry in new.models:
-        if before_models.get(entry.name) and not entry.uncompressed:
+        now = new.uncompressed if entry.uncompressed is None else entry.uncompressed
+        if before_models.get(entry.name) and not now:
             add(f"responses of model {entry.name} compressed again",
                 f"models[{entry.name}].uncompressed")  # fmt: skip
     if removed := set(running.uncompressed_keys) - set(new.uncompressed_keys):

@@ -168,6 +168,10 @@ def test_a_model_switched_on_is_named() -> None:
     assert widening == Widening(
         "responses of model qwen compressed again", ("models[qwen].uncompressed",)
     )
+    # Its own setting dropped where the top level leaves every model uncompressed: no change.
+    everywhere = dataclasses.replace(many, uncompressed=True)
+    assert widenings(dataclasses.replace(left_out, uncompressed=True), frozenset(), everywhere,
+                     frozenset()) == ()  # fmt: skip
 
 
 def test_a_widening_is_unstated_when_a_setting_it_comes_from_is_left_out() -> None:
