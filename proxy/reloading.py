@@ -11,9 +11,9 @@ newly read ones; restart-only keys that differ are named, never applied, so a ha
 configuration cannot exist.
 
 `widenings(...)` says what a reload would let through that was refused before (the one list of
-what counts as widening access), and `unstated(...)` which of that comes only from a setting the
-configuration leaves out: a file cut short or emptied must not drop keys, lists and policies as
-if the operator had meant it.
+what counts as widening access, compression turned back on where it was left out among it), and
+`unstated(...)` which of that comes only from a setting the configuration leaves out: a file cut
+short or emptied must not drop keys, lists and policies as if the operator had meant it.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ RUNTIME_KEYS: Final[tuple[str, ...]] = (
     "merge_frames",
     # compressed JSON responses
     "json_compression",
+    # responses left uncompressed
+    "uncompressed",
+    "uncompressed_keys",
     # continuous verification
     "verify_sample_rate",
     "verify_refuse_after",
@@ -59,7 +62,12 @@ RUNTIME_KEYS: Final[tuple[str, ...]] = (
 )
 
 # Keys of a `models` entry a reload applies (to the running entry of the same name).
-RUNTIME_MODEL_KEYS: Final[tuple[str, ...]] = ("codec_enabled", "flush_interval_ms", "flush_frames")
+RUNTIME_MODEL_KEYS: Final[tuple[str, ...]] = (
+    "codec_enabled",
+    "flush_interval_ms",
+    "flush_frames",
+    "uncompressed",
+)
 
 # Files a reload reads again even when their path is unchanged: a key file rotated in place, a
 # policy edited in place, take effect.
@@ -192,6 +200,17 @@ def widenings(
         add("safety policy no longer enforced", "enforce_safety_policy")
     if running.version_policy == "strict" and new.version_policy != "strict":
         add("version floor no longer enforced", "version_policy")
+    # Compression turned back on where it was left out: a protection gone (BREACH).
+    if running.uncompressed and not new.uncompressed:
+        add("responses compressed again", "uncompressed")
+    before_models = {entry.name: entry.uncompressed for entry in running.models}
+    for entry in new.models:
+        now = new.uncompressed if entry.uncompressed is None else entry.uncompressed
+        if before_models.get(entry.name) and not now:
+            add(f"responses of model {entry.name} compressed again",
+                f"models[{entry.name}].uncompressed")  # fmt: skip
+    if removed := set(running.uncompressed_keys) - set(new.uncompressed_keys):
+        add(f"responses to {_count(removed, 'key')} compressed again", "uncompressed_keys")
     return tuple(found)
 
 

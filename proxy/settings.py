@@ -122,6 +122,7 @@ class ModelSettings:
     upstream_stream_format: UpstreamStreamFormat | None = option(
         None, help="overrides `upstream_stream_format`"
     )
+    uncompressed: bool | None = option(None, help="overrides `uncompressed`")
 
     def __post_init__(self) -> None:
         tokenizer: object = self.tokenizer
@@ -166,6 +167,8 @@ class ModelConfig:
     max_streams: int
     upstream_protocol: UpstreamProtocol = "json"
     upstream_stream_format: UpstreamStreamFormat = "protobuf"
+    # Its responses go uncompressed whatever a client accepts (core/http/uncompressed.py).
+    uncompressed: bool = False
     # `upstream`/`tokenizer`: any name a request gives is this model, as before there were
     # several (a `models` list routes by name).
     any_name: bool = False
@@ -430,6 +433,20 @@ class Settings:
         "flush schedule, whole bodies whole (off: as the upstream sent them)",
     )
 
+    # --- when not to compress (docs/COMPRESSION.md "When not to compress"): a compressed answer
+    # that holds a secret beside text a third party chose tells its length's observer whether
+    # a guess at the secret was right (BREACH). These change at run time (SIGHUP).
+    uncompressed: bool = option(
+        False,
+        help="send responses uncompressed, Codec and JSON, whatever the client accepts (a "
+        "model's own in its `models` entry)",
+    )
+    uncompressed_keys: tuple[str, ...] = option(
+        (),
+        help="API keys (Bearer tokens) whose responses are sent uncompressed, Codec and JSON",
+        secret=True,
+    )
+
     # --- rolling Codec out (docs/ROLLOUT.md); these change at run time (SIGHUP) ---
     # Decided before any upstream contact; a refused Codec request gets 403
     # `codec_not_enabled` and JSON requests are never affected (proxy/core/http/access.py).
@@ -618,6 +635,7 @@ class Settings:
             max_streams=entry.max_streams or self.model_max_streams(),
             upstream_protocol=pick("upstream_protocol"),
             upstream_stream_format=pick("upstream_stream_format"),
+            uncompressed=pick("uncompressed"),
             any_name=single,
             is_default=default,
         )

@@ -127,7 +127,7 @@ def test_every_runtime_key_is_a_setting() -> None:
     model_fields = {f.name for f in dataclasses.fields(ModelSettings)}
     assert set(RUNTIME_MODEL_KEYS) <= model_fields
     # The per-model overrides of runtime keys are runtime keys themselves.
-    overrides = {"codec_enabled", "flush_interval_ms", "flush_frames"}
+    overrides = {"codec_enabled", "flush_interval_ms", "flush_frames", "uncompressed"}
     assert overrides <= set(RUNTIME_KEYS)
     assert overrides == set(RUNTIME_MODEL_KEYS)
 

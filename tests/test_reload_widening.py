@@ -97,6 +97,15 @@ WIDENING = {
         (frozenset(), frozenset()),
         ["version floor no longer enforced (version_policy)"],
     ),
+    "compression turned back on": (
+        {"uncompressed": True, "uncompressed_keys": ("a", "b")},
+        {"uncompressed_keys": ("b",)},
+        (frozenset(), frozenset()),
+        [
+            "responses compressed again (uncompressed)",
+            "responses to 1 key compressed again (uncompressed_keys)",
+        ],
+    ),
 }
 
 
@@ -128,6 +137,8 @@ NARROWING = {
         (frozenset(), frozenset()),
     ),
     "the version floor enforced": ({}, {"version_policy": "strict"}, (frozenset(), frozenset())),
+    "responses left uncompressed": ({}, {"uncompressed": True, "uncompressed_keys": ("a",)}, (
+        frozenset(), frozenset())),
     "forwarding without keys": ({}, {"forward_authorization": True}, (frozenset(), frozenset())),
     "a policy replaced": (
         {"safety_policy": Path("a.toml")},
@@ -151,6 +162,16 @@ def test_a_model_switched_on_is_named() -> None:
     [widening] = widenings(many, frozenset(), on, frozenset())
     assert widening == Widening("Codec switched on for model qwen", ("models[qwen].codec_enabled",))
     assert widenings(on, frozenset(), many, frozenset()) == ()
+    # A model's responses compressed again, its own setting dropped.
+    left_out = dataclasses.replace(many, models=(dataclasses.replace(model, uncompressed=True),))
+    [widening] = widenings(left_out, frozenset(), many, frozenset())
+    assert widening == Widening(
+        "responses of model qwen compressed again", ("models[qwen].uncompressed",)
+    )
+    # Its own setting dropped where the top level leaves every model uncompressed: no change.
+    everywhere = dataclasses.replace(many, uncompressed=True)
+    assert widenings(dataclasses.replace(left_out, uncompressed=True), frozenset(), everywhere,
+                     frozenset()) == ()  # fmt: skip
 
 
 def test_a_widening_is_unstated_when_a_setting_it_comes_from_is_left_out() -> None:

@@ -16,7 +16,7 @@ expects; everything else passes through untouched. Needs `httpx` (`pip install
 'codec-proxy[sdk]'`). docs/CLIENTS.md says what comes back from frames and what cannot.
 """
 
-from proxy.core.render.assets import CodecAssets, CodecIntegrityError
+from proxy.core.client.assets import CodecAssets, CodecIntegrityError
 from proxy.sdk.transport import AsyncCodecTransport, CodecStats, CodecTransport
 
 __all__ = [

@@ -2,13 +2,21 @@
 
     OpenAI(base_url="http://proxy:8080/v1", http_client=httpx.Client(transport=CodecTransport()))
 
-For each request the SDK makes, the transport decides (proxy/core/render/ask.py) whether to ask
+For each request the SDK makes, the transport decides (proxy/core/client/ask.py) whether to ask
 for Codec. If so, it sends the same request with `stream_format`, `Codec-Client-Version` and an
-`Accept-Encoding` it can decode (dictionary zstd included), loads the map and dictionary the
-response names (proxy/core/render/assets.py), and hands the SDK a `text/event-stream` response
-whose body is rendered from the frames as they arrive (proxy/core/render/). Everything else
-goes through untouched, and so does the JSON repeat of a request Codec was refused for. The SDK
-never knows.
+`Accept-Encoding` it can decode (dictionary zstd included), reads what came back
+(proxy/core/client/answer.py), loads the map and dictionary the response names
+(proxy/core/client/assets.py), and hands the SDK a `text/event-stream` response whose body is
+rendered from the frames as they arrive (proxy/core/render/). Everything else goes through
+untouched, and so does the JSON repeat of a request Codec was refused for. The SDK never knows.
+
+Every body the transport reads itself is bounded as it is decoded (proxy/core/client/reading.py):
+a map, a dictionary, an error body (kept, decoded, for the SDK's error message); the frames of a
+Codec body at the draft's frame cap, their IDs 4 bytes each.
+
+The decisions are one flow (`_CodecFlow._exchange`), a generator that yields each I/O step it
+needs (send a request, read a body whole, close a response, build a map's decoder); the sync
+and the async transport differ only in how they run those steps.
 
 The rendered response keeps the Codec response's other headers (`Codec-*`, `X-Request-Id`), so
 `with_raw_response` shows what was on the wire; its `Content-Type` is `text/event-stream`, its
@@ -21,9 +29,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal, get_args
 
 try:
     import anyio
@@ -31,30 +39,36 @@ try:
 except ImportError as exc:  # httpx is an extra: the proxy itself does not need it
     raise ImportError("proxy.sdk needs httpx: pip install 'codec-proxy[sdk]'") from exc
 
-from proxy.core.compression.decompressors import new_decompressor
-from proxy.core.compression.dictionaries import dictionary_url
-from proxy.core.http.content_coding import codec_accept_encoding
-from proxy.core.maps.discovery import map_path_by_digest
-from proxy.core.maps.tokenizer_map import digest_of_header
-from proxy.core.render.ask import (
-    CLIENT_VERSION,
+import orjson
+
+from proxy.core.client.answer import Failed, Frames, NotFrames, Unrenderable, read_answer
+from proxy.core.client.ask import (
     DEFAULT_REMEMBER_SECONDS,
     CodecAsk,
     Fallback,
     RefusalMemory,
     codec_ask,
+    codec_headers,
     fallback_for,
 )
-from proxy.core.render.assets import CodecAssets, dictionary_digest
-from proxy.core.render.body import FrameFormat, RenderedBody, response_stream_format
-from proxy.core.render.response import envelope_for, renderer_for
-from proxy.core.verify.map_decoder import MapDecoder
+from proxy.core.client.assets import CodecAssets
+from proxy.core.client.reading import (
+    MAX_DICTIONARY_BYTES,
+    MAX_ERROR_BYTES,
+    MAX_MAP_BYTES,
+    BodyReader,
+    ReadBody,
+)
+from proxy.core.compression.dictionaries import dictionary_url
+from proxy.core.errors import ProxyError
+from proxy.core.http.content_coding import codec_accept_encoding
+from proxy.core.maps.discovery import map_path_by_digest
+from proxy.core.render.body import RenderedBody
 
 __all__ = ["AsyncCodecTransport", "CodecStats", "CodecTransport"]
 
 # The formats asked for; `msgpack-delta` is larger than msgpack (docs/ENDPOINTS.md).
 AskedFormat = Literal["msgpack", "protobuf"]
-_MEDIA_TYPES: Final = {"msgpack": "application/x-msgpack", "protobuf": "application/x-protobuf"}
 # Every coding the renderer's body decodes; the proxy picks the one smallest for its flush
 # schedule among them (proxy/core/http/content_coding.py), zstd only with a dictionary.
 DEFAULT_ACCEPT_ENCODING: Final = codec_accept_encoding(zstd=True)
@@ -66,6 +80,8 @@ _REPLACED: Final = frozenset(
 _NOT_RENDERED: Final = frozenset(
     {"content-type", "content-encoding", "content-length", "transfer-encoding"}
 )
+# Headers of an error answer that do not describe its body once the transport decoded it.
+_NOT_DECODED: Final = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 _DISCOVERY_CODINGS: Final = "br, gzip"
 
 
@@ -104,6 +120,46 @@ class CodecStats:
             self.fallbacks[reason] += 1
 
 
+# --- the I/O steps the flow asks its transport for -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """Send `request`; the reply is the response, its body not read."""
+
+    request: httpx.Request
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """Read `response`'s body whole within `limit` (reading.py), then close it; the reply is
+    the `ReadBody`, or the `ProxyError` that stopped it is raised into the flow."""
+
+    response: httpx.Response
+    limit: int
+
+    def reader(self) -> BodyReader:
+        return BodyReader(self.response.headers.get("content-encoding"), self.limit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Close:
+    response: httpx.Response
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadMap:
+    """Build a fetched map's decoder and keep it (assets.py); the reply is the decoder."""
+
+    digest: str
+    body: ReadBody
+
+
+_Step = _Send | _Read | _Close | _LoadMap
+_Flow = Generator[_Step, Any, httpx.Response]
+_Part = Generator[_Step, Any, Any]
+
+
 class _Unavailable(Exception):
     """The response names no map or dictionary this client can load: ask again as JSON."""
 
@@ -112,8 +168,8 @@ def _origin(url: httpx.URL) -> str:
     return f"{url.scheme}://{url.netloc.decode('ascii')}"
 
 
-class _CodecTransportBase:
-    """The decisions the sync and async transports share; each does its own I/O."""
+class _CodecFlow:
+    """What the sync and async transports decide, as one flow of steps; each runs the steps."""
 
     def __init__(
         self,
@@ -125,8 +181,8 @@ class _CodecTransportBase:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if stream_format not in _MEDIA_TYPES:
-            raise ValueError(f"stream_format must be one of {', '.join(_MEDIA_TYPES)}")
+        if stream_format not in get_args(AskedFormat):
+            raise ValueError(f"stream_format must be one of {', '.join(get_args(AskedFormat))}")
         self._stream_format = stream_format
         self._accept_encoding = accept_encoding
         self._remember_seconds = remember_seconds
@@ -135,6 +191,56 @@ class _CodecTransportBase:
         self.assets = assets if assets is not None else CodecAssets()
         self.stats = CodecStats()
         self._refusals = RefusalMemory()
+
+    def _exchange(self, request: httpx.Request, body: bytes) -> _Flow:
+        ask = self._ask(request, body)
+        if ask is None:
+            return self._passed((yield _Send(request)))
+        response = yield _Send(self._codec_request(request, ask))
+        answer = read_answer(response.status_code, response.headers)
+        if isinstance(answer, Failed):
+            return (yield from self._failed(request, ask, response))
+        if isinstance(answer, NotFrames):
+            # A server that ignored `stream_format`: its JSON-SSE is the answer.
+            self._fall_back(request, ask, Fallback(answer.reason, self._remember_seconds))
+            return self._passed(response)
+        if isinstance(answer, Unrenderable):
+            yield _Close(response)
+            self._fall_back(request, ask, Fallback(answer.reason, self._remember_seconds))
+            return self._passed((yield _Send(request)))
+        try:
+            rendered = yield from self._rendered_body(request, ask, response, answer)
+        except _Unavailable as exc:
+            yield _Close(response)
+            self._fall_back(request, ask, Fallback(str(exc), self._remember_seconds))
+            return self._passed((yield _Send(request)))
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield _Close(response)
+            raise
+        headers = [
+            *((k, v) for k, v in response.headers.multi_items() if k.lower() not in _NOT_RENDERED),
+            ("content-type", "text/event-stream"),
+        ]
+        return httpx.Response(
+            200,
+            headers=headers,
+            stream=self._rendered(response, _Rendering(rendered, answer.map_digest, self)),
+            extensions=response.extensions,
+        )
+
+    # --- the transport's I/O: each twin's own ---------------------------------------------
+
+    def _passed(self, response: httpx.Response) -> httpx.Response:
+        raise NotImplementedError
+
+    def _rendered(
+        self, response: httpx.Response, rendering: _Rendering
+    ) -> httpx.SyncByteStream | httpx.AsyncByteStream:
+        raise NotImplementedError
+
+    # --- the decisions ------------------------------------------------------------------------
 
     def _ask(self, request: httpx.Request, body: bytes) -> CodecAsk | None:
         ask = codec_ask(request.method, request.url.path, body, stream_format=self._stream_format)
@@ -148,84 +254,87 @@ class _CodecTransportBase:
         self._refusals.remember((_origin(request.url), ask.model), self._clock(), fallback.seconds)
         self.stats._fallback(fallback.reason)
 
-    def _fallback_for(self, response: httpx.Response, body: bytes) -> Fallback | None:
-        return fallback_for(
-            response.status_code, response.headers, body, remember_seconds=self._remember_seconds
-        )
-
     def _codec_request(self, request: httpx.Request, ask: CodecAsk) -> httpx.Request:
         headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _REPLACED]
-        headers += [
-            ("Accept", _MEDIA_TYPES[self._stream_format]),
-            ("Accept-Encoding", self._accept_encoding),
-            ("Codec-Client-Version", CLIENT_VERSION),
-        ]
+        headers += codec_headers(self._stream_format, self._accept_encoding)
         return httpx.Request(
             "POST", request.url, headers=headers, content=ask.body, extensions=request.extensions
         )
 
-    def _discovery_request(self, request: httpx.Request, path: str) -> httpx.Request:
-        # The discovery documents are open (no key needed, CORS-simple): no credentials go.
-        timeout = request.extensions.get("timeout")
-        return httpx.Request(
-            "GET",
-            _origin(request.url) + path,
-            headers={"Accept-Encoding": _DISCOVERY_CODINGS},
-            extensions={"timeout": timeout} if timeout is not None else {},
+    def _failed(self, request: httpx.Request, ask: CodecAsk, response: httpx.Response) -> _Flow:
+        """An error answer, read whole within `MAX_ERROR_BYTES`: a refusal of Codec is asked
+        again as JSON; any other error is the SDK's, decoded, as it would have met it."""
+        status = response.status_code
+        try:
+            error: bytes = (yield _Read(response, MAX_ERROR_BYTES)).data
+        except ProxyError as exc:
+            # Over the bound, or not in a coding it names: the status stands, in our words.
+            message = (
+                f"the server's {status} answer has an error body this client does not read: "
+                f"{exc.message}"
+            )
+            unread = {"message": message, "type": "codec_client_error", "code": exc.code}
+            return _decoded_error(response, orjson.dumps({"error": unread}))
+        fallback = fallback_for(
+            status, response.headers, error, remember_seconds=self._remember_seconds
         )
-
-    def _map_path(self, response: httpx.Response) -> tuple[str, str]:
-        digest = digest_of_header(response.headers.get("codec-tokenizer-map"))
-        if digest is None:
-            raise _Unavailable("no_tokenizer_map")
-        return digest, map_path_by_digest(digest)
-
-    def _dictionary_path(self, response: httpx.Response) -> tuple[str, str] | None:
-        if response.headers.get("content-encoding", "").strip().lower() != "zstd":
-            return None
-        digest = dictionary_digest(response.headers.get("codec-zstd-dict"))
-        if digest is None:
-            raise _Unavailable("no_zstd_dictionary")
-        return digest, dictionary_url(digest)
+        if fallback is None:
+            return _decoded_error(response, error)
+        self._fall_back(request, ask, fallback)
+        return self._passed((yield _Send(request)))
 
     def _rendered_body(
-        self,
-        ask: CodecAsk,
-        response: httpx.Response,
-        stream_format: FrameFormat,
-        decoder: MapDecoder,
-        dictionary: bytes | None,
-    ) -> RenderedBody:
+        self, request: httpx.Request, ask: CodecAsk, response: httpx.Response, answer: Frames
+    ) -> _Part:
+        decoder = self.assets.map(answer.map_digest)
+        if decoder is None:
+            read = yield from self._fetch(request, map_path_by_digest(answer.map_digest),
+                                          MAX_MAP_BYTES)  # fmt: skip
+            decoder = yield _LoadMap(answer.map_digest, read)
+        dictionary = None
+        if answer.dictionary_digest is not None:
+            dictionary = self.assets.dictionary(answer.dictionary_digest)
+            if dictionary is None:
+                read = yield from self._fetch(request, dictionary_url(answer.dictionary_digest),
+                                              MAX_DICTIONARY_BYTES)  # fmt: skip
+                dictionary = self.assets.add_dictionary(
+                    answer.dictionary_digest, read.data, sha256=read.sha256
+                )
         # The proxy echoes the request's id (or names its own) in X-Request-Id.
         request_id = response.headers.get("x-request-id") or uuid.uuid4().hex
-        renderer = renderer_for(
-            ask,
-            decoder,
-            envelope=envelope_for(ask, request_id, int(self._wall_clock())),
-            codec_token_source=response.headers.get("codec-token-source"),
+        created = int(self._wall_clock())
+        return answer.body(ask, decoder, dictionary, request_id=request_id, created=created)
+
+    def _fetch(self, request: httpx.Request, path: str, limit: int) -> _Part:
+        """A discovery document, read whole within `limit`; `_Unavailable` when it cannot be."""
+        # The discovery documents are open (no key needed, CORS-simple): no credentials go.
+        timeout = request.extensions.get("timeout")
+        response = yield _Send(
+            httpx.Request(
+                "GET",
+                _origin(request.url) + path,
+                headers={"Accept-Encoding": _DISCOVERY_CODINGS},
+                extensions={"timeout": timeout} if timeout is not None else {},
+            )
         )
-        decompressor = new_decompressor(response.headers.get("content-encoding"), dictionary)
-        return RenderedBody(renderer, stream_format, decompressor)
-
-    @staticmethod
-    def _headers(response: httpx.Response) -> list[tuple[str, str]]:
-        kept = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _NOT_RENDERED]
-        return [*kept, ("content-type", "text/event-stream")]
-
-    @staticmethod
-    def _read_error(response: httpx.Response, body: bytes) -> httpx.Response:
-        # `body` is decoded already: the SDK gets it without the coding it came in.
-        headers = [
-            (k, v)
-            for k, v in response.headers.multi_items()
-            if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
-        ]
-        return httpx.Response(
-            response.status_code, headers=headers, content=body, extensions=response.extensions
-        )
+        if response.status_code != 200:
+            yield _Close(response)
+            raise _Unavailable(f"discovery_{response.status_code}")
+        try:
+            return (yield _Read(response, limit))
+        except ProxyError as exc:
+            raise _Unavailable(f"discovery_{exc.code or 'unreadable'}") from exc
 
 
-class CodecTransport(_CodecTransportBase, httpx.BaseTransport):
+def _decoded_error(response: httpx.Response, body: bytes) -> httpx.Response:
+    """An error answer with the body the transport read (decoded: no coding goes with it)."""
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _NOT_DECODED]
+    return httpx.Response(
+        response.status_code, headers=headers, content=body, extensions=response.extensions
+    )
+
+
+class CodecTransport(_CodecFlow, httpx.BaseTransport):
     """For `httpx.Client(transport=CodecTransport())`: Codec on the wire, JSON-SSE to the SDK.
 
     `transport`: what actually sends (default `httpx.HTTPTransport()`). `stream_format`:
@@ -256,41 +365,34 @@ class CodecTransport(_CodecTransportBase, httpx.BaseTransport):
         self._inner = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        ask = self._ask(request, request.read())
-        if ask is None:
-            return self._passed(self._inner.handle_request(request))
-        response = self._inner.handle_request(self._codec_request(request, ask))
-        stream_format = response_stream_format(
-            response.headers.get("content-type"), response.headers.get("codec-stream-format")
-        )
-        if response.status_code != 200 or stream_format is None:
-            if response.status_code == 200:
-                # A server that ignored `stream_format`: its JSON-SSE is the answer.
-                self._fall_back(request, ask, Fallback("not_codec", self._remember_seconds))
-                return self._passed(response)
-            error_body = response.read()
-            fallback = self._fallback_for(response, error_body)
-            if fallback is None:
-                return self._read_error(response, error_body)
-            self._fall_back(request, ask, fallback)
-            return self._passed(self._inner.handle_request(request))
+        flow = self._exchange(request, request.read())
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(reply) if error is None else flow.throw(error)
+            except StopIteration as done:
+                response: httpx.Response = done.value
+                return response
+            try:
+                reply, error = self._run(step), None
+            except BaseException as exc:
+                reply, error = None, exc
+
+    def _run(self, step: _Step) -> Any:
+        if isinstance(step, _Send):
+            return self._inner.handle_request(step.request)
+        if isinstance(step, _LoadMap):
+            return self.assets.add_map(step.digest, step.body.data, sha256=step.body.sha256)
         try:
-            decoder = self._load_map(request, response)
-            dictionary = self._load_dictionary(request, response)
-        except _Unavailable as exc:
-            response.close()
-            self._fall_back(request, ask, Fallback(str(exc), self._remember_seconds))
-            return self._passed(self._inner.handle_request(request))
-        except BaseException:
-            response.close()
-            raise
-        rendered = self._rendered_body(ask, response, stream_format, decoder, dictionary)
-        return httpx.Response(
-            200,
-            headers=self._headers(response),
-            stream=_RenderedStream(response, rendered, self.stats),
-            extensions=response.extensions,
-        )
+            if isinstance(step, _Read):
+                reader = step.reader()
+                for chunk in _sync_stream(step.response):
+                    reader.feed(chunk)
+                return reader.flush()
+            return None  # _Close
+        finally:
+            step.response.close()
 
     def close(self) -> None:
         self._inner.close()
@@ -303,35 +405,11 @@ class CodecTransport(_CodecTransportBase, httpx.BaseTransport):
             extensions=response.extensions,
         )
 
-    def _fetch(self, request: httpx.Request, path: str) -> bytes:
-        response = self._inner.handle_request(self._discovery_request(request, path))
-        try:
-            body = response.read()
-        finally:
-            response.close()
-        if response.status_code != 200:
-            raise _Unavailable(f"discovery_{response.status_code}")
-        return body
-
-    def _load_map(self, request: httpx.Request, response: httpx.Response) -> MapDecoder:
-        digest, path = self._map_path(response)
-        decoder = self.assets.map(digest)
-        if decoder is None:
-            decoder = self.assets.add_map(digest, self._fetch(request, path))
-        return decoder
-
-    def _load_dictionary(self, request: httpx.Request, response: httpx.Response) -> bytes | None:
-        named = self._dictionary_path(response)
-        if named is None:
-            return None
-        digest, path = named
-        data = self.assets.dictionary(digest)
-        if data is None:
-            data = self.assets.add_dictionary(digest, self._fetch(request, path))
-        return data
+    def _rendered(self, response: httpx.Response, rendering: _Rendering) -> httpx.SyncByteStream:
+        return _RenderedStream(response, rendering)
 
 
-class AsyncCodecTransport(_CodecTransportBase, httpx.AsyncBaseTransport):
+class AsyncCodecTransport(_CodecFlow, httpx.AsyncBaseTransport):
     """The async twin, for `httpx.AsyncClient(transport=AsyncCodecTransport())` and
     `AsyncOpenAI`. The same arguments; `transport` defaults to `httpx.AsyncHTTPTransport()`."""
 
@@ -357,40 +435,39 @@ class AsyncCodecTransport(_CodecTransportBase, httpx.AsyncBaseTransport):
         self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        ask = self._ask(request, await request.aread())
-        if ask is None:
-            return self._passed(await self._inner.handle_async_request(request))
-        response = await self._inner.handle_async_request(self._codec_request(request, ask))
-        stream_format = response_stream_format(
-            response.headers.get("content-type"), response.headers.get("codec-stream-format")
-        )
-        if response.status_code != 200 or stream_format is None:
-            if response.status_code == 200:
-                self._fall_back(request, ask, Fallback("not_codec", self._remember_seconds))
-                return self._passed(response)
-            error_body = await response.aread()
-            fallback = self._fallback_for(response, error_body)
-            if fallback is None:
-                return self._read_error(response, error_body)
-            self._fall_back(request, ask, fallback)
-            return self._passed(await self._inner.handle_async_request(request))
+        flow = self._exchange(request, await request.aread())
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(reply) if error is None else flow.throw(error)
+            except StopIteration as done:
+                response: httpx.Response = done.value
+                return response
+            try:
+                reply, error = await self._run(step), None
+            except BaseException as exc:
+                reply, error = None, exc
+
+    async def _run(self, step: _Step) -> Any:
+        if isinstance(step, _Send):
+            return await self._inner.handle_async_request(step.request)
+        if isinstance(step, _LoadMap):
+            # Reading a map takes a tenth of a second (SmolLM2) to half a second (Llama-3):
+            # not on the event loop.
+            body = step.body
+            return await anyio.to_thread.run_sync(
+                lambda: self.assets.add_map(step.digest, body.data, sha256=body.sha256)
+            )
         try:
-            decoder = await self._load_map(request, response)
-            dictionary = await self._load_dictionary(request, response)
-        except _Unavailable as exc:
-            await response.aclose()
-            self._fall_back(request, ask, Fallback(str(exc), self._remember_seconds))
-            return self._passed(await self._inner.handle_async_request(request))
-        except BaseException:
-            await response.aclose()
-            raise
-        rendered = self._rendered_body(ask, response, stream_format, decoder, dictionary)
-        return httpx.Response(
-            200,
-            headers=self._headers(response),
-            stream=_AsyncRenderedStream(response, rendered, self.stats),
-            extensions=response.extensions,
-        )
+            if isinstance(step, _Read):
+                reader = step.reader()
+                async for chunk in _async_stream(step.response):
+                    reader.feed(chunk)
+                return reader.flush()
+            return None  # _Close
+        finally:
+            await step.response.aclose()
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -403,37 +480,8 @@ class AsyncCodecTransport(_CodecTransportBase, httpx.AsyncBaseTransport):
             extensions=response.extensions,
         )
 
-    async def _fetch(self, request: httpx.Request, path: str) -> bytes:
-        response = await self._inner.handle_async_request(self._discovery_request(request, path))
-        try:
-            body = await response.aread()
-        finally:
-            await response.aclose()
-        if response.status_code != 200:
-            raise _Unavailable(f"discovery_{response.status_code}")
-        return body
-
-    async def _load_map(self, request: httpx.Request, response: httpx.Response) -> MapDecoder:
-        digest, path = self._map_path(response)
-        decoder = self.assets.map(digest)
-        if decoder is None:
-            body = await self._fetch(request, path)
-            # Reading a map takes a tenth of a second (SmolLM2) to half a second (Llama-3):
-            # not on the event loop.
-            decoder = await anyio.to_thread.run_sync(self.assets.add_map, digest, body)
-        return decoder
-
-    async def _load_dictionary(
-        self, request: httpx.Request, response: httpx.Response
-    ) -> bytes | None:
-        named = self._dictionary_path(response)
-        if named is None:
-            return None
-        digest, path = named
-        data = self.assets.dictionary(digest)
-        if data is None:
-            data = self.assets.add_dictionary(digest, await self._fetch(request, path))
-        return data
+    def _rendered(self, response: httpx.Response, rendering: _Rendering) -> httpx.AsyncByteStream:
+        return _AsyncRenderedStream(response, rendering)
 
 
 # --- the response bodies --------------------------------------------------------------------
@@ -455,59 +503,77 @@ def _async_stream(response: httpx.Response) -> httpx.AsyncByteStream:
     return stream
 
 
+class _Rendering:
+    """One Codec answer rendered as its body is read, for the sync and the async stream."""
+
+    __slots__ = ("_body", "_digest", "_flow", "_rendered")
+
+    def __init__(self, body: RenderedBody, digest: str, flow: _CodecFlow) -> None:
+        self._body = body
+        self._digest = digest
+        self._flow = flow
+        self._rendered = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._out(self._body.feed(chunk))
+
+    def flush(self) -> bytes:
+        return self._out(self._body.flush())
+
+    def closed(self) -> None:
+        body = self._body
+        self._flow.stats._codec(body.tokens, body.wire_bytes, self._rendered)
+
+    def _out(self, data: bytes) -> bytes:
+        self._rendered += len(data)
+        if self._body.map_drift:
+            # The answer's IDs went past its map's vocabulary: fetched again before it renders
+            # another answer (proxy/core/client/answer.py).
+            self._flow.assets.forget_map(self._digest)
+        return data
+
+
 class _RenderedStream(httpx.SyncByteStream):
     """The Codec body as it arrives, rendered. A broken connection raises as it would under a
     JSON stream (the SDK's APIConnectionError / APITimeoutError), after the text before it."""
 
-    def __init__(self, response: httpx.Response, body: RenderedBody, stats: CodecStats) -> None:
+    def __init__(self, response: httpx.Response, rendering: _Rendering) -> None:
         self._response = response
-        self._body = body
-        self._stats = stats
-        self._rendered = 0
+        self._rendering = rendering
         self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in _sync_stream(self._response):
-            out = self._body.feed(chunk)
-            if out:
-                self._rendered += len(out)
+            if out := self._rendering.feed(chunk):
                 yield out
-        out = self._body.flush()
-        if out:
-            self._rendered += len(out)
+        if out := self._rendering.flush():
             yield out
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._response.close()
-            self._stats._codec(self._body.tokens, self._body.wire_bytes, self._rendered)
+            self._rendering.closed()
 
 
 class _AsyncRenderedStream(httpx.AsyncByteStream):
-    def __init__(self, response: httpx.Response, body: RenderedBody, stats: CodecStats) -> None:
+    def __init__(self, response: httpx.Response, rendering: _Rendering) -> None:
         self._response = response
-        self._body = body
-        self._stats = stats
-        self._rendered = 0
+        self._rendering = rendering
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in _async_stream(self._response):
-            out = self._body.feed(chunk)
-            if out:
-                self._rendered += len(out)
+            if out := self._rendering.feed(chunk):
                 yield out
-        out = self._body.flush()
-        if out:
-            self._rendered += len(out)
+        if out := self._rendering.flush():
             yield out
 
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
             await self._response.aclose()
-            self._stats._codec(self._body.tokens, self._body.wire_bytes, self._rendered)
+            self._rendering.closed()
 
 
 class _CountedStream(httpx.SyncByteStream):

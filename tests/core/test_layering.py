@@ -2,12 +2,13 @@
 
     errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
        ↖           ↙                     ↖                                    ↙
-          backend                           verify ← render
+          backend                           verify ← render ← client
     (http: the upstream body asks each kind of backend in its own field; verify: the published
     map's decoder and a sampled stream's verdict, which a Codec body keeps; render: frames back
-    to OpenAI JSON with that decoder and compression's decompressors, and a Codec client's
-    decisions, which read http's rollout refusal code; `shown`, how a message shows a value it
-    did not choose, is beside `errors`, below every stage)
+    to OpenAI JSON with that decoder and compression's decompressors; client: a Codec client's
+    decisions, which read http's rollout refusal code and codings and the maps' header and
+    assemble the renderer; `shown`, how a message shows a value it did not choose, is beside
+    `errors`, below every stage)
 
 A stage may import the stages its row in `MAY_IMPORT` names, and its own modules; the core
 imports nothing of the rest of `proxy`; no module of `proxy` takes part in an import cycle; and
@@ -46,9 +47,14 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     ),
     "endpoints": frozenset({"errors", "shown", "wire", "http", "stream", "safety"}),
     # Codec frames back to OpenAI JSON: the frame decoder, the published map's bytes (verify's
-    # MapDecoder), a Codec body's content coding undone (compression's decompressors); what a
-    # Codec client asks and how it reads a refusal (http's codes and codings).
-    "render": frozenset({"errors", "shown", "wire", "http", "compression", "verify"}),
+    # MapDecoder), a Codec body's content coding undone (compression's decompressors).
+    "render": frozenset({"errors", "shown", "wire", "compression", "verify"}),
+    # A Codec client: what it asks and how it reads a refusal (http's codes and codings), the
+    # map an answer names (maps' header), what it trusts (compression's dictionaries, verify's
+    # MapDecoder) and the renderer it assembles.
+    "client": frozenset(
+        {"errors", "shown", "wire", "http", "maps", "compression", "verify", "render"}
+    ),
 }
 
 

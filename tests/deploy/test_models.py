@@ -217,6 +217,7 @@ def test_the_chart_writes_each_entry_as_given(helm: Path, tmp_path: Path) -> Non
         "max_streams": 64,
         "upstream_protocol": "json",
         "upstream_stream_format": "msgpack",
+        "uncompressed": True,
     }
     assert set(entry) | {"name", "upstreams", "tokenizer"} == {
         f.name for f in dataclasses.fields(ModelSettings)

@@ -23,6 +23,8 @@ from openai.types.chat import ChatCompletionChunk
 
 from proxy.core.maps.discovery import map_path_by_digest
 from proxy.core.maps.tokenizer_map import PublishedMap
+from proxy.core.verify.map_decoder import MapDecoder
+from proxy.core.wire.frames import Frame, encoder_for
 from proxy.maps.publish import publish
 from proxy.server import create_app
 from proxy.server.control import codec_upstream
@@ -107,8 +109,8 @@ class Middle:
     rewrite: dict[str, str | None] = field(default_factory=dict)
     # The generation request goes on without `stream_format`: an upstream that ignores it.
     strip_stream_format: bool = False
-    # The answer to a generation request that asks for Codec: a refusal.
-    refuse_codec: Capture | None = None
+    # The answer to a generation request that asks for Codec (a refusal, frames of its own).
+    codec_answer: Capture | None = None
 
     def app(self) -> web.Application:
         app = web.Application(handler_args={"auto_decompress": False})
@@ -133,10 +135,9 @@ class Middle:
         if own is not None:
             return web.Response(status=own.status, headers=dict(own.headers), body=own.body)
         generation = request.path in GENERATION
-        refusal = self.refuse_codec
-        if generation and refusal is not None and b"stream_format" in body:
-            return web.Response(status=refusal.status, headers=dict(refusal.headers),
-                                body=refusal.body)  # fmt: skip
+        own = self.codec_answer
+        if generation and own is not None and b"stream_format" in body:
+            return web.Response(status=own.status, headers=dict(own.headers), body=own.body)
         if generation and self.strip_stream_format and body:
             body = json.dumps(
                 {k: v for k, v in json.loads(body).items() if k != "stream_format"}
@@ -429,6 +430,20 @@ async def test_the_upstream_is_asked_for_frames_with_what_the_edge_decodes(
     assert [r.path_qs for r in middle.requests].count(map_path_by_digest(published.digest)) == 1
 
 
+async def test_a_model_left_uncompressed_asks_the_long_hop_for_identity_too(
+    middle: Middle, make_edge: MakeEdge, upstream: FakeUpstream
+) -> None:
+    capture = load_capture("llamacpp-chat-sample.txt")
+    upstream.script = Script(capture)
+    edge = await make_edge(middle.url, uncompressed=True)  # type: ignore[attr-defined]
+    path, body = request_for("chat", stream=True)
+    _, _, raw = await post(edge, path, body, headers={"Accept-Encoding": "gzip"})
+    assert read_stream(raw)["text"] == capture.stream_text(chat=True)
+    asked = middle.generation_requests()[-1]
+    assert asked.headers["Accept-Encoding"] == "identity"
+    assert "stream_format" in json.loads(asked.body)  # still Codec, only not compressed
+
+
 async def test_an_upstream_without_an_index_is_pinned_from_its_first_answer(
     middle: Middle, make_edge: MakeEdge, upstream: FakeUpstream
 ) -> None:
@@ -571,6 +586,48 @@ async def test_an_answer_naming_no_map_goes_again_as_json(
                         result="map_unavailable") == 1  # fmt: skip
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_ids_past_the_map_end_the_answer_and_the_map_is_fetched_again(
+    proxy: ProxyClient, middle: Middle, make_edge: MakeEdge, stream: bool
+) -> None:
+    published = default_model(proxy).published
+    size = json.loads(published.body)["vocab_size"]
+    hello = MapDecoder.from_map(published.body).table.index(b"Hello")
+    # The frame before is rendered; the one with an ID past the map ends the answer.
+    frames = (Frame((hello,)), Frame((hello, size)), Frame((), True, "length"))
+    middle.codec_answer = Capture(
+        200,
+        "OK",
+        (("Content-Type", "application/x-protobuf"),
+         ("Codec-Tokenizer-Map", published.header_value)),
+        b"".join(encoder_for("protobuf").encode(frame) for frame in frames),
+    )  # fmt: skip
+    edge = await make_edge(middle.url)  # type: ignore[attr-defined]
+    map_path = map_path_by_digest(published.digest)
+    assert [r.path_qs for r in middle.requests].count(map_path) == 1  # pinned at start
+    status, _, raw = await post(edge, *request_for("chat", stream=stream))
+    named = f"token ID {size} is past the {size} IDs of map {published.header_value}"
+    if stream:
+        assert status == 200
+        read = read_stream(raw)
+        assert named in read["error"]
+        assert read["text"] == "Hello"
+        assert read["finish"] is None
+        assert read["done"]
+    else:
+        assert status == 502
+        assert named in json.loads(raw)["error"]["message"]
+    assert await metric(edge, "codec_proxy_upstream_maps_total", model="default",
+                        event="drift") == 1  # fmt: skip
+    # Forgotten, and fetched again at once: an answer naming it meanwhile waits for that.
+    for _ in range(200):
+        if maps_of(edge).decoder(published.digest) is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert maps_of(edge).decoder(published.digest) is not None
+    assert [r.path_qs for r in middle.requests].count(map_path) == 2
+
+
 # --- an upstream that answers JSON, or refuses Codec ----------------------------------------
 
 
@@ -630,7 +687,7 @@ async def test_a_refusal_of_codec_is_asked_again_as_json(
     headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
     if retry_after is not None:
         headers += (("Retry-After", retry_after),)
-    middle.refuse_codec = Capture(status, "Refused", headers, refusal)
+    middle.codec_answer = Capture(status, "Refused", headers, refusal)
     path, body = request_for("chat", stream=True)
     status_, _, raw = await post(edge, path, body)
     assert status_ == 200

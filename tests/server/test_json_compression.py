@@ -369,6 +369,29 @@ async def test_no_transform_is_respected(compressing: ProxyClient, upstream: Fak
 
 
 @pytest.mark.parametrize(
+    "capture",
+    [load_capture("llamacpp-completions-sample.txt"), json_capture()],
+    ids=["streamed", "whole"],
+)
+@pytest.mark.parametrize("cache_control", ["no-transform", "max-age=0, No-Transform"])
+async def test_a_clients_no_transform_is_respected(
+    compressing: ProxyClient, upstream: FakeUpstream, capture: Capture, cache_control: str
+) -> None:
+    # RFC 9111 §5.2.1.6: the client asks intermediaries not to transform the content.
+    upstream.script = Script(capture)
+    payload = {**STREAM_BODY, "stream": capture.is_sse}
+    headers = {"Cache-Control": cache_control}
+    status, got, wire = await fetch(compressing, "gzip", payload=payload, headers=headers)
+    assert status == 200
+    assert "Content-Encoding" not in got
+    assert wire == capture.body
+    # The same request without it is compressed.
+    _, got, wire = await fetch(compressing, "gzip", payload=payload)
+    assert got["Content-Encoding"] == "gzip"
+    assert gzip.decompress(wire) == capture.body
+
+
+@pytest.mark.parametrize(
     "capture_name", ["llamacpp-error-tools-500.txt", "llamacpp-error-embeddings-501.txt"]
 )
 async def test_errors_pass_as_they_came(

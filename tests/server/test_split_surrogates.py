@@ -92,7 +92,7 @@ async def test_a_lone_surrogate_ends_the_codec_stream_with_one_error_frame(
         assert resp.status == 200
         raw = await resp.read()
     frames = frames_of(raw, "msgpack")  # exactly one terminal frame, the last
-    assert (frames[-1].ids, frames[-1].finish_reason) == ((), "error")
+    assert (tuple(frames[-1].ids), frames[-1].finish_reason) == ((), "error")
     if not at_once:
         assert len(frames) > 2  # frames had gone out before the bad event came
     # The text before the bad character reached the client.
@@ -182,7 +182,7 @@ async def test_a_fault_of_ours_mid_stream_ends_with_one_error_frame_and_is_logge
         raw = await resp.read()
     frames = frames_of(raw, "msgpack")
     assert len(frames) > 1  # frames were out before it
-    assert (frames[-1].ids, frames[-1].finish_reason) == ((), "error")
+    assert (tuple(frames[-1].ids), frames[-1].finish_reason) == ((), "error")
     assert (await access_line(caplog))["outcome"] == "internal_error"
     assert any(
         r.levelno == logging.ERROR and "RuntimeError: a bug" in r.getMessage()

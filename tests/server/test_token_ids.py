@@ -120,7 +120,7 @@ async def test_backend_mode_without_ids_ends_in_an_error_frame(
     assert status == 200
     assert headers["Codec-Token-Source"] == "backend"
     frames = frames_of(raw, "msgpack")
-    assert [(f.ids, f.finish_reason) for f in frames] == [((), "error")]
+    assert [(tuple(f.ids), f.finish_reason) for f in frames] == [((), "error")]
 
 
 async def test_retokenize_mode_asks_for_nothing(

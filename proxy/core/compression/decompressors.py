@@ -6,7 +6,10 @@ do it for them: dictionary zstd decodes only with the dictionary `Codec-Zstd-Dic
 (codec-spec.md §5), and httpx fails such a stream with "Dictionary mismatch" (interop.md §1.3).
 
 `feed` returns what the bytes so far decode to: a server that sync-flushes after a frame (as
-this proxy does, compressors.py) lets every frame out at once. `flush` checks that the stream
+this proxy does, compressors.py) lets every frame out at once. `pieces` gives the same bytes a
+piece at a time, each of about `PIECE_BYTES` at most, decoding the next only when asked: a
+reader that checks each piece as it comes (a frame decoder and its frame cap) stops a bomb
+after the piece that gave it away, not after the whole budget. `flush` checks that the stream
 ended where the coding says it ends; a cut stream, bytes after the end, or bytes that are not
 the coding raise `DecompressionError`.
 
@@ -19,6 +22,7 @@ bytes at a time (a zstd block decodes to at most 128 KiB, and takes at least 4 b
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from typing import Final, Protocol
 
 import brotli
@@ -28,7 +32,13 @@ from proxy.core.errors import UpstreamProtocolError
 from proxy.core.http.content_coding import BR, CODING_ALIASES, GZIP, IDENTITY, ZSTD, ContentCoding
 from proxy.core.shown import clipped, quoted
 
-__all__ = ["DEFAULT_MAX_BYTES", "DecompressionError", "StreamDecompressor", "new_decompressor"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "PIECE_BYTES",
+    "DecompressionError",
+    "StreamDecompressor",
+    "new_decompressor",
+]
 
 
 class DecompressionError(UpstreamProtocolError):
@@ -41,11 +51,16 @@ class StreamDecompressor(Protocol):
 
     def feed(self, data: bytes) -> bytes: ...
 
+    def pieces(self, data: bytes) -> Iterator[bytes]: ...
+
     def flush(self) -> None: ...
 
 
 # A Codec stream is a few bytes per token: 64 MiB is millions of tokens, far past any answer.
 DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
+# What one piece decodes to, about (brotli's output limit overshoots by up to half again; a zstd
+# step is at most 16 blocks of 128 KiB).
+PIECE_BYTES: Final = 64 * 1024
 # zstd input per decompress call: at most 16 blocks of 128 KiB can come out of it.
 _ZSTD_STEP: Final = 64
 
@@ -85,6 +100,10 @@ class IdentityDecompressor:
     def feed(self, data: bytes) -> bytes:
         return data
 
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        if data:
+            yield data
+
     def flush(self) -> None:
         return None
 
@@ -98,18 +117,24 @@ class GzipDecompressor:
         self._budget = _Budget(max_bytes)
 
     def feed(self, data: bytes) -> bytes:
+        return b"".join(self.pieces(data))
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
         decoder, budget = self._zlib, self._budget
         if decoder.eof:
             if data:
                 raise _corrupt(GZIP, "bytes after the end of the gzip stream")
-            return b""
-        out = bytearray()
+            return
         try:
             while True:
-                # max_length bounds this call; the rest waits in unconsumed_tail.
-                out += budget.spend(decoder.decompress(data, budget.left + 1))
+                # max_length bounds this call; the rest waits in unconsumed_tail, or in zlib
+                # when a full piece used all the input.
+                step = min(PIECE_BYTES, budget.left + 1)
+                out = decoder.decompress(data, step)
                 data = decoder.unconsumed_tail
-                if not data or decoder.eof:
+                if out:
+                    yield budget.spend(out)
+                if (not data and len(out) < step) or decoder.eof:
                     break
         except zlib.error as exc:
             raise _corrupt(GZIP, exc) from exc
@@ -117,7 +142,6 @@ class GzipDecompressor:
             # One member: our compressor writes one per response (RFC 1952 allows several,
             # but a Codec body that is several gzip streams was not written by one compressor).
             raise _corrupt(GZIP, "bytes after the end of the gzip stream")
-        return bytes(out)
 
     def flush(self) -> None:
         if not self._zlib.eof:
@@ -133,20 +157,25 @@ class BrotliDecompressor:
         self._budget = _Budget(max_bytes)
 
     def feed(self, data: bytes) -> bytes:
+        return b"".join(self.pieces(data))
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
         if not data:
-            return b""
+            return
         decoder, budget = self._brotli, self._budget
         if decoder.is_finished():
             raise _corrupt(BR, "bytes after the end of the brotli stream")
-        out = bytearray()
         try:
-            out += budget.spend(decoder.process(data, output_buffer_limit=budget.left + 1))
-            # With the output limit hit, brotli keeps the rest; it is drained with empty input.
-            while not (decoder.is_finished() or decoder.can_accept_more_data()):
-                out += budget.spend(decoder.process(b"", output_buffer_limit=budget.left + 1))
+            out = decoder.process(data, output_buffer_limit=min(PIECE_BYTES, budget.left + 1))
+            # With the output limit hit, brotli keeps the rest of the input; it is drained with
+            # empty input until nothing more comes out (`can_accept_more_data` says True before).
+            while out:
+                yield budget.spend(out)
+                if decoder.is_finished():
+                    break
+                out = decoder.process(b"", output_buffer_limit=min(PIECE_BYTES, budget.left + 1))
         except brotli.error as exc:
             raise _corrupt(BR, exc) from exc
-        return bytes(out)
 
     def flush(self) -> None:
         if not self._brotli.is_finished():
@@ -168,24 +197,27 @@ class ZstdDecompressor:
         self._budget = _Budget(max_bytes)
 
     def feed(self, data: bytes) -> bytes:
+        return b"".join(self.pieces(data))
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
         if not data:
-            return b""
+            return
         decoder, budget = self._zstd, self._budget
         if decoder.eof:
             raise _corrupt(ZSTD, "bytes after the end of the zstd frame")
-        out = bytearray()
         fed = 0
         try:
             while fed < len(data) and not decoder.eof:
-                out += budget.spend(decoder.decompress(data[fed : fed + _ZSTD_STEP]))
+                out = decoder.decompress(data[fed : fed + _ZSTD_STEP])
                 fed += _ZSTD_STEP
+                if out:
+                    yield budget.spend(out)
         except zstandard.ZstdError as exc:
             if "too much memory" in str(exc):
                 raise _too_large(budget.limit) from exc
             raise _corrupt(ZSTD, exc) from exc
         if decoder.unused_data or fed < len(data):
             raise _corrupt(ZSTD, "bytes after the end of the zstd frame")
-        return bytes(out)
 
     def flush(self) -> None:
         if not self._zstd.eof:

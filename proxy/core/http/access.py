@@ -45,7 +45,7 @@ def _matches(value: str, patterns: Sequence[str]) -> bool:
     return any(value.startswith(p[:-1]) if p.endswith("*") else value == p for p in patterns)
 
 
-def _has_key(key: str, keys: Sequence[str]) -> bool:
+def has_key(key: str, keys: Sequence[str]) -> bool:
     # Every key compared, in constant time: how long this takes says nothing of the keys.
     presented = key.encode()
     return any([hmac.compare_digest(presented, k.encode()) for k in keys])
@@ -80,9 +80,9 @@ class CodecAccess:
         refusal = self.refusal_for_all(model=model, model_enabled=model_enabled)
         if refusal is not None:
             raise refusal
-        if self.deny_keys and key and _has_key(key, self.deny_keys):
+        if self.deny_keys and key and has_key(key, self.deny_keys):
             raise CodecNotEnabled("key_denied", "for this API key")
-        if self.allow_keys and not (key and _has_key(key, self.allow_keys)):
+        if self.allow_keys and not (key and has_key(key, self.allow_keys)):
             raise CodecNotEnabled("key_not_allowed", "for this API key")
         if self.deny_clients and client is not None and _matches(client, self.deny_clients):
             raise CodecNotEnabled("client_denied", "for this client")

@@ -188,9 +188,11 @@ def negotiate_coding(
     flush_frames: int,
     zstd_dictionary: bool,
     codec_client: ClientVersion | None,
+    uncompressed: bool = False,
     curve: CodingCurve = MEASURED_CURVE,
 ) -> ContentCoding:
     """The coding of a Codec response, or `NotAcceptable` (406) when the client accepts none.
+    `uncompressed`: identity is the one coding sent (uncompressed.py).
 
     Of the acceptable codings we can send, the smallest on `curve` for this wire format at the
     window the flush schedule gives; on a tie the first in the spec's order. Identity competes
@@ -203,7 +205,11 @@ def negotiate_coding(
         return IDENTITY
     accepted = _accepted(accept_encoding)
     zstd = may_send_zstd(zstd_dictionary=zstd_dictionary, codec_client=codec_client)
-    available = [coding for coding in SERVER_PREFERENCE if coding != ZSTD or zstd]
+    available: list[ContentCoding] = (
+        [IDENTITY]
+        if uncompressed
+        else [coding for coding in SERVER_PREFERENCE if coding != ZSTD or zstd]
+    )
     acceptable = [coding for coding in available if weight(accepted, coding) > 0.0]
     if not acceptable:
         raise NotAcceptable(

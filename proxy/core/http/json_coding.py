@@ -13,7 +13,8 @@ relays when the upstream did not:
 What is left as it came, with the reasons:
 
 * a response the upstream already encoded: never coded twice, its `Content-Encoding` stands;
-* `Cache-Control: no-transform`: RFC 9110 §7.7 forbids a proxy to change the content;
+* `Cache-Control: no-transform` on the response: RFC 9110 §7.7 forbids a proxy to change the
+  content; on the request: the client asks intermediaries not to (RFC 9111 §5.2.1.6);
 * errors (4xx, 5xx): a few hundred bytes, which gzip's 18 bytes of header and trailer make
   no smaller, and the proxy's own errors are sent plain too, so every error reads the same;
 * responses without content (204, 205, 304; 206's range is of the identity bytes);
@@ -49,16 +50,18 @@ def compressible_json(
     content_type: str | None,
     content_encoding: str | None,
     cache_control: str | None,
+    request_cache_control: str | None = None,
 ) -> JsonBody | None:
     """How a response would be compressed (module docstring), None when it is left as it came.
 
-    The values are the upstream's fields, lists joined with commas; None when absent.
+    The values are the upstream's fields (`request_cache_control`: the client's), lists joined
+    with commas; None when absent.
     """
     if not 200 <= status < 300 or status in _NO_CODED_CONTENT:
         return None
     if content_encoding is not None and content_encoding.strip().lower() not in ("", IDENTITY):
         return None
-    if cache_control is not None and "no-transform" in _tokens(cache_control):
+    if any(_no_transform(field) for field in (cache_control, request_cache_control)):
         return None
     media = (content_type or "").partition(";")[0].strip().lower()
     if media == _EVENT_STREAM:
@@ -109,3 +112,7 @@ def coded_headers(
 
 def _tokens(value: str) -> set[str]:
     return {token.strip().lower() for token in value.split(",")}
+
+
+def _no_transform(cache_control: str | None) -> bool:
+    return cache_control is not None and "no-transform" in _tokens(cache_control)

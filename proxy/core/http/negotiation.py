@@ -6,6 +6,8 @@ import functools
 import re
 from typing import Final
 
+from proxy.core.wire.formats import PREFIXED_MSGPACK_MEDIA_TYPE
+
 # RFC 9110 §12.4.2: qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )
 _QVALUE: Final = re.compile(r"(?:0(?:\.\d{0,3})?|1(?:\.0{0,3})?)")
 
@@ -14,11 +16,6 @@ def parse_qvalue(raw: str) -> float | None:
     """A weight as RFC 9110 §12.4.2 writes it, or None when it is not one ("2", "0.5555", "x")."""
     raw = raw.strip()
     return float(raw) if _QVALUE.fullmatch(raw) else None
-
-
-# The Codec website's length-prefixed msgpack (codec-spec.md §11 items 1-2). Real clients
-# (codecai, @codecai/web) decode the spec framing, so this is served only when named.
-PREFIXED_MSGPACK_MEDIA_TYPE = "application/codec+msgpack"
 
 
 def accepted_media_types(accept: str) -> dict[str, float]:

@@ -8,45 +8,29 @@ at its end, `fail` when the connection breaks. Whatever goes wrong inside (a cod
 that does not decode, bytes after the terminal frame) ends the answer the renderer's way: an
 error event after the text so far (openai.py), never an exception in the middle of a body the
 client is already reading.
+
+The body is decoded a piece at a time (the decompressor's `pieces`), each piece's frames
+rendered before the next is decoded: a frame is refused at the frame cap (codec-spec.md §10)
+as its bytes come out of the coding, never after the whole read is decoded. Decoded frames hold
+their IDs at 4 bytes each (proxy/core/wire/decoder.py), so a frame costs a small multiple of its
+size, plus the text it renders to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Final, Literal, Protocol
+from collections.abc import Iterable
+from typing import Literal, Protocol
 
 from proxy.core.compression.decompressors import StreamDecompressor
 from proxy.core.errors import ProxyError
+from proxy.core.render.turn import TurnEnd
 from proxy.core.wire.decoder import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
-from proxy.core.wire.formats import MSGPACK, MSGPACK_DELTA, PROTOBUF
 from proxy.core.wire.frames import Frame
 
-__all__ = ["FrameFormat", "RenderedBody", "Renderer", "response_stream_format"]
+__all__ = ["FrameFormat", "RenderedBody", "Renderer"]
 
+# The formats a Codec response is sent in (proxy/core/wire/formats.py `SERVED_AS_ASKED`).
 FrameFormat = Literal["msgpack", "msgpack-delta", "protobuf"]
-
-# The media types of Codec responses (codec-spec.md §1.3); a parameter never changes the format.
-_BY_MEDIA_TYPE: Final[Mapping[str, FrameFormat]] = {
-    "application/x-msgpack": MSGPACK,
-    "application/x-protobuf": PROTOBUF,
-}
-_SENT_FORMATS: Final[Mapping[str, FrameFormat]] = {
-    MSGPACK: MSGPACK,
-    MSGPACK_DELTA: MSGPACK_DELTA,
-    PROTOBUF: PROTOBUF,
-}
-
-
-def response_stream_format(
-    content_type: str | None, codec_stream_format: str | None
-) -> FrameFormat | None:
-    """The frame format of a response: codec-proxy names it in `Codec-Stream-Format` (the only
-    way to tell `msgpack-delta` from `msgpack`, docs/ENDPOINTS.md); else the media type says it.
-    None: not a Codec body (a JSON-SSE stream, an error)."""
-    if codec_stream_format is not None:
-        return _SENT_FORMATS.get(codec_stream_format.strip().lower())
-    media_type = (content_type or "").partition(";")[0].strip().lower()
-    return _BY_MEDIA_TYPE.get(media_type)
 
 
 class Renderer(Protocol):
@@ -54,6 +38,9 @@ class Renderer(Protocol):
 
     @property
     def done(self) -> bool: ...
+
+    @property
+    def end(self) -> TurnEnd | None: ...
 
     @property
     def tokens(self) -> int: ...
@@ -68,7 +55,7 @@ class Renderer(Protocol):
 class RenderedBody:
     """One Codec response body rendered for an OpenAI client."""
 
-    __slots__ = ("_decompressor", "_frames", "_renderer", "wire_bytes")
+    __slots__ = ("_decompressor", "_frames", "renderer", "wire_bytes")
 
     def __init__(
         self,
@@ -78,7 +65,7 @@ class RenderedBody:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
-        self._renderer = renderer
+        self.renderer = renderer
         self._decompressor = decompressor
         self._frames = FrameDecoder(stream_format, max_frame_bytes)
         # The body's bytes as they came over the wire (content-coded): what Codec cost.
@@ -86,34 +73,46 @@ class RenderedBody:
 
     @property
     def done(self) -> bool:
-        return self._renderer.done
+        return self.renderer.done
 
     @property
     def tokens(self) -> int:
         """IDs received so far."""
-        return self._renderer.tokens
+        return self.renderer.tokens
+
+    @property
+    def map_drift(self) -> bool:
+        """Whether the answer ended at an ID past the map's vocabulary (render/turn.py): the
+        map is to be fetched again before another answer is rendered with it."""
+        end = self.renderer.end
+        return end is not None and end.map_drift
 
     def feed(self, data: bytes) -> bytes:
         self.wire_bytes += len(data)
-        if self._renderer.done:
+        renderer = self.renderer
+        if renderer.done:
             # The answer is complete: what follows the terminal frame is the server's error,
             # and the client has all it asked for.
             return b""
+        out = []
         try:
-            frames = self._frames.feed(self._decompressor.feed(data))
+            for piece in self._decompressor.pieces(data):
+                out.append(renderer.feed(self._frames.feed(piece)))
+                if self.done:
+                    break
         except ProxyError as exc:
-            return self._renderer.fail(exc.message)
-        return self._renderer.feed(frames)
+            out.append(renderer.fail(exc.message))
+        return b"".join(out)
 
     def flush(self) -> bytes:
-        if self._renderer.done:
+        if self.renderer.done:
             return b""
         try:
             self._decompressor.flush()
             self._frames.flush()
         except ProxyError as exc:
-            return self._renderer.fail(exc.message)
-        return self._renderer.flush()
+            return self.renderer.fail(exc.message)
+        return self.renderer.flush()
 
     def fail(self, message: str) -> bytes:
-        return self._renderer.fail(message)
+        return self.renderer.fail(message)

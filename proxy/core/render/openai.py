@@ -65,6 +65,20 @@ def _event(document: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(document) + b"\n\n"
 
 
+# Characters escaped at a time: orjson sets aside about 13 bytes a character for one string, so
+# a frame of millions of IDs would cost a quarter of a gigabyte for its text alone.
+_ESCAPED_CHARS: Final = 1 << 16
+
+
+def _json_text(text: str) -> str | orjson.Fragment:
+    """`text` as a document holds it: a long one escaped a slice at a time (JSON escapes each
+    character on its own, so the slices join to what escaping it whole gives)."""
+    if len(text) <= _ESCAPED_CHARS:
+        return text
+    slices = (text[at : at + _ESCAPED_CHARS] for at in range(0, len(text), _ESCAPED_CHARS))
+    return orjson.Fragment(b'"' + b"".join(orjson.dumps(part)[1:-1] for part in slices) + b'"')
+
+
 def _usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens}
 
@@ -106,6 +120,11 @@ class SseRenderer:
         return self._turn.end is not None
 
     @property
+    def end(self) -> TurnEnd | None:
+        """How the turn ended, once it did."""
+        return self._turn.end
+
+    @property
     def tokens(self) -> int:
         return self._turn.tokens
 
@@ -130,7 +149,8 @@ class SseRenderer:
                 out.append(self._chunk({"role": "assistant", "content": ""}))
         for piece in pieces:
             if isinstance(piece, str):
-                out.append(self._chunk({"content": piece}, text=piece))
+                text = _json_text(piece)
+                out.append(self._chunk({"content": text}, text=text))
             elif isinstance(piece, ToolCall):
                 out.append(self._tool_call(piece))
             else:
@@ -138,7 +158,11 @@ class SseRenderer:
         return b"".join(out)
 
     def _chunk(
-        self, delta: dict[str, Any], *, text: str = "", finish_reason: str | None = None
+        self,
+        delta: dict[str, Any],
+        *,
+        text: str | orjson.Fragment = "",
+        finish_reason: str | None = None,
     ) -> bytes:
         envelope = self._envelope
         if envelope.chat:
@@ -213,6 +237,10 @@ class CompletionRenderer:
         return self._written
 
     @property
+    def end(self) -> TurnEnd | None:
+        return self._turn.end
+
+    @property
     def tokens(self) -> int:
         return self._turn.tokens
 
@@ -247,13 +275,13 @@ class CompletionRenderer:
             self._error = end.error or "the Codec stream failed"
             return orjson.dumps(_error(self._error))
         envelope = self._envelope
-        text = "".join(self._text)
+        text = _json_text("".join(self._text))
         choice: dict[str, Any] = {"index": 0}
         if envelope.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self._calls:
                 # OpenAI's shape: no content beside the calls is null, not "".
-                message["content"] = text or None
+                message["content"] = text if self._text else None
                 message["tool_calls"] = [
                     {
                         "id": _call_id(envelope, call, index),

@@ -5,7 +5,8 @@ the long hop") asks the upstream for frames and answers its own clients in OpenA
 SSE chunks of a streamed request, or the whole body of one that is not.
 `RenderedResponseBody` is that answer as a `ResponseBody` (proxy/core/bodies.py: `feed` each
 upstream read, `flush` at the end, `fail` when the upstream breaks), over the renderer's
-`RenderedBody` (body.py), so the data plane streams it as it streams every other kind.
+`RenderedBody` (body.py, as proxy/core/client/answer.py assembles it), so the data plane
+streams it as it streams every other kind.
 
 * Streamed: the response starts with the first bytes rendered (a chat's role chunk comes with
   the first read). A failure after that is the renderer's: OpenAI's error event, then `[DONE]`.
@@ -17,14 +18,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.core.compression.decompressors import StreamDecompressor
-from proxy.core.render.ask import CodecAsk
-from proxy.core.render.body import FrameFormat, RenderedBody
-from proxy.core.render.openai import CompletionRenderer, Envelope, SseRenderer
-from proxy.core.render.turn import TextRules
-from proxy.core.verify.map_decoder import MapDecoder
+from proxy.core.render.body import RenderedBody
+from proxy.core.render.openai import CompletionRenderer, SseRenderer
 
-__all__ = ["RenderedResponseBody", "backend_ids", "envelope_for", "renderer_for"]
+__all__ = ["FAILED_STATUS", "STREAM_HEADERS", "WHOLE_HEADERS", "RenderedResponseBody"]
 
 # What a JSON client's answer says of itself. No `Codec-*` header: the client never asked for
 # Codec, and the frames it was made from are this proxy's business. A stream must be neither
@@ -39,29 +36,16 @@ WHOLE_HEADERS: Final = (("Content-Type", "application/json"),)
 FAILED_STATUS: Final = 502
 
 
-def envelope_for(ask: CodecAsk, request_id: str, created: int) -> Envelope:
-    """What every chunk repeats: OpenAI's id prefixes on the request's id (the one the proxy
-    forwards and echoes in `X-Request-Id`), the caller's clock, the model the client named."""
-    prefix = "chatcmpl" if ask.endpoint == "chat" else "cmpl"
-    return Envelope(ask.endpoint, f"{prefix}-{request_id}", created, ask.model)
-
-
 class RenderedResponseBody:
     """One Codec answer rendered as JSON: a `ResponseBody`."""
 
-    __slots__ = ("_body", "_renderer", "_streamed", "size")
+    __slots__ = ("_body", "_streamed", "size")
 
     passes_through = False
 
-    def __init__(
-        self,
-        renderer: SseRenderer | CompletionRenderer,
-        stream_format: FrameFormat,
-        decompressor: StreamDecompressor,
-    ) -> None:
-        self._renderer = renderer
-        self._streamed = isinstance(renderer, SseRenderer)
-        self._body = RenderedBody(renderer, stream_format, decompressor)
+    def __init__(self, body: RenderedBody) -> None:
+        self._body = body
+        self._streamed = isinstance(body.renderer, SseRenderer)
         self.size = 0  # bytes rendered so far: the whole answer's length once `done`
 
     @property
@@ -83,9 +67,14 @@ class RenderedResponseBody:
         return self._body.tokens
 
     @property
+    def map_drift(self) -> bool:
+        """The answer ended at an ID past its map's vocabulary (body.py)."""
+        return self._body.map_drift
+
+    @property
     def error(self) -> str | None:
         """Why a whole answer is an error object instead (None while it is not)."""
-        renderer = self._renderer
+        renderer = self._body.renderer
         return renderer.error if isinstance(renderer, CompletionRenderer) else None
 
     @property
@@ -111,20 +100,3 @@ class RenderedResponseBody:
     def _out(self, data: bytes) -> bytes:
         self.size += len(data)
         return data
-
-
-def backend_ids(codec_token_source: str | None) -> bool:
-    """Whether an answer's IDs are the backend's (`Codec-Token-Source: backend`): then a
-    tool-call turn's frames carry its markup too (turn.py)."""
-    return (codec_token_source or "").strip().lower() == "backend"
-
-
-def renderer_for(
-    ask: CodecAsk, decoder: MapDecoder, *, envelope: Envelope, codec_token_source: str | None
-) -> SseRenderer | CompletionRenderer:
-    """The renderer of `ask`'s answer: SSE chunks when the client streams, else the whole
-    answer; the request's stop strings, the answer's token source."""
-    rules = TextRules(stop=ask.rules.stop, backend_ids=backend_ids(codec_token_source))
-    if ask.streamed:
-        return SseRenderer(decoder, envelope, rules=rules, include_usage=ask.include_usage)
-    return CompletionRenderer(decoder, envelope, rules=rules)

@@ -18,7 +18,8 @@ character"). Decisions, each what the backends' own detokenizers do with the sam
   llama.cpp's streamed answer leaves them out, but it never reports their IDs either, so a
   Codec stream from it has none to render.
 * An ID the map does not know renders as U+FFFD, like codecai's, breaking any character it
-  interrupts.
+  interrupts. (An ID at or past the map's `vocab_size` never gets here: turn.py ends the stream
+  as an error.)
 
 `StopText`: the text cut at the first stop string, as backends cut it (OpenAI's `stop`: the
 returned text never holds it). The IDs of a Codec stream may hold a stop string the backend never
@@ -31,7 +32,7 @@ the start of one is held back until it is known not to be, as backends hold it b
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from proxy.core.verify.map_decoder import MapDecoder
@@ -40,6 +41,9 @@ __all__ = ["REPLACEMENT", "StopText", "TextDecoder"]
 
 REPLACEMENT: Final = "\ufffd"
 _REPLACEMENT_BYTES: Final = REPLACEMENT.encode()
+# IDs joined at a time: a merged frame may hold millions, and the list of their pieces costs 8
+# bytes an ID on top of the text.
+_SLICE: Final = 1 << 14
 
 
 class TextDecoder:
@@ -52,8 +56,13 @@ class TextDecoder:
         self._table = decoder.table
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def feed(self, ids: Iterable[int]) -> str:
+    def feed(self, ids: Sequence[int]) -> str:
         """The text these IDs complete (a character still incomplete waits for its end)."""
+        if len(ids) > _SLICE:
+            return "".join([self._feed(ids[at : at + _SLICE]) for at in range(0, len(ids), _SLICE)])
+        return self._feed(ids)
+
+    def _feed(self, ids: Sequence[int]) -> str:
         table = self._table
         try:
             # The usual frame: every ID has bytes. IDs are uint32 (the frame decoder checks),

@@ -15,6 +15,11 @@ did, so the region's IDs arrive on the frames that carry the calls. So with `bac
 IDs of a frame that carries tool calls, and of every frame after it, are not content. Retokenized
 streams have no region IDs (the backend never streamed that text) and keep every ID as content.
 
+An ID at or past the map's `vocab_size` proves the server's IDs follow another map than the one
+it names: the one kind of map drift a client can see, "a fatal session error" (codec-spec.md
+§10). The turn fails there (`TurnEnd.map_drift`), after the text of the frames before; never
+replacement characters and a clean end.
+
 The end: a terminal frame's `finish_reason` as OpenAI's word (proxy/core/wire/finish.py), or,
 for `error` and words no table knows (the spec says treat them as `error`), a failed turn. A
 stop string found in the text (text.py `StopText`) makes the turn `stop`, as the backend
@@ -32,6 +37,7 @@ from proxy.core.shown import quoted
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.wire import finish
 from proxy.core.wire.frames import Frame
+from proxy.core.wire.prompt_ids import outside_vocabulary
 from proxy.core.wire.tool_calls import ToolCall
 
 __all__ = ["CONTENT", "Piece", "TextRules", "TurnEnd", "TurnReader"]
@@ -56,10 +62,12 @@ CONTENT = TextRules()
 
 @dataclass(frozen=True, slots=True)
 class TurnEnd:
-    """How the turn ended: OpenAI's `finish_reason`, or None and why it failed."""
+    """How the turn ended: OpenAI's `finish_reason`, or None and why it failed; `map_drift`
+    when that was an ID past the map's vocabulary."""
 
     finish_reason: str | None
     error: str | None = None
+    map_drift: bool = False
 
 
 Piece = str | ToolCall | TurnEnd
@@ -68,9 +76,10 @@ Piece = str | ToolCall | TurnEnd
 class TurnReader:
     """One stream: `feed` its frames as they are decoded, `flush` when its body ends."""
 
-    __slots__ = ("_chat", "_end", "_markup", "_rules", "_stop", "_text", "_tokens")
+    __slots__ = ("_chat", "_decoder", "_end", "_markup", "_rules", "_stop", "_text", "_tokens")
 
     def __init__(self, decoder: MapDecoder, *, chat: bool, rules: TextRules = CONTENT) -> None:
+        self._decoder = decoder
         self._text = TextDecoder(decoder)
         self._stop = StopText(rules.stop)
         self._rules = rules
@@ -94,6 +103,10 @@ class TurnReader:
         for frame in frames:
             if self._end is not None:
                 break
+            beyond = outside_vocabulary(frame.ids, self._decoder.vocab_size)
+            if beyond is not None:
+                self._close(pieces, self._drifted(beyond))
+                break
             self._tokens += len(frame.ids)
             calls: Sequence[ToolCall] = frame.tool_calls if self._chat else ()
             if calls and self._rules.backend_ids:
@@ -115,6 +128,15 @@ class TurnReader:
         if self._end is None:
             self._close(pieces, TurnEnd(None, error))
         return pieces
+
+    def _drifted(self, token_id: int) -> TurnEnd:
+        decoder = self._decoder
+        return TurnEnd(
+            None,
+            f"the Codec stream's token ID {token_id} is past the {decoder.vocab_size} IDs of map "
+            f"{decoder.name}: the server's IDs follow another map than the one it names",
+            map_drift=True,
+        )
 
     def _finish(self, pieces: list[Piece], reason: str | None) -> None:
         word = finish.openai_finish_reason(reason, chat=self._chat)

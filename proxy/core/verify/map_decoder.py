@@ -12,6 +12,8 @@ bytes, the way a map-driven client builds its own (interop.md §1: codecai's `De
 * IDs in `byte_fallback_start..end` are the byte `id - start`, whatever their entry says.
 * Special tokens render as nothing (a client renders them only when asked to).
 * An ID the map does not know renders as U+FFFD: no streamed text can match it.
+* `vocab_size` says how many IDs the map has (codec-spec.md §7: valid IDs are `0 ..
+  vocab_size-1`), at least one past the highest it lists; without it, one past that.
 
 Built once per map (per model, at start): a tuple indexed by ID, so a stream's lookups are
 C-level indexing and joins.
@@ -85,7 +87,7 @@ def _ids(field: Any, name: str) -> Mapping[str, int]:
 class MapDecoder:
     """ID -> the bytes a client renders for it. One per published map."""
 
-    __slots__ = ("encoder", "map_id", "special", "table")
+    __slots__ = ("digest", "encoder", "map_id", "special", "table", "vocab_size")
 
     def __init__(
         self,
@@ -94,6 +96,8 @@ class MapDecoder:
         *,
         encoder: str | None,
         map_id: str = "",
+        vocab_size: int | None = None,
+        digest: str = "",
     ) -> None:
         # By ID: the bytes; None for a special token (renders nothing) or an unknown ID (can
         # match nothing), so both leave the joined fast path (`special` tells them apart).
@@ -101,6 +105,10 @@ class MapDecoder:
         self.special: frozenset[int] = frozenset(special)
         self.encoder = encoder
         self.map_id = map_id
+        # A map whose `vocab_size` is below an ID it lists is read as codecai reads it: the
+        # listed ID renders.
+        self.vocab_size = max(vocab_size or 0, len(self.table))
+        self.digest = digest  # the sha256 of the map's bytes, when known
 
     @classmethod
     def from_map(cls, body: bytes) -> MapDecoder:
@@ -114,7 +122,7 @@ class MapDecoder:
         return cls.from_document(document)
 
     @classmethod
-    def from_document(cls, document: Mapping[str, Any]) -> MapDecoder:
+    def from_document(cls, document: Mapping[str, Any], *, digest: str = "") -> MapDecoder:
         encoder = document.get("encoder")
         if encoder not in _ENCODERS:
             raise TokenizerMapError(f"tokenizer map encoder {encoder!r} is not known")
@@ -161,12 +169,24 @@ class MapDecoder:
         specials.difference_update(fallback)
         map_id = document.get("id")
         named = map_id if isinstance(map_id, str) else ""
-        return cls(table, specials, encoder=encoder, map_id=named)
+        vocab_size = document.get("vocab_size")
+        if vocab_size is not None and (type(vocab_size) is not int or vocab_size < 1):
+            raise TokenizerMapError("tokenizer map vocab_size is not a positive integer")
+        return cls(
+            table, specials, encoder=encoder, map_id=named, vocab_size=vocab_size, digest=digest
+        )
 
     @property
     def size(self) -> int:
         """One past the highest ID the map gives bytes or a special meaning to."""
         return len(self.table)
+
+    @property
+    def name(self) -> str:
+        """The map as a message names it: its id, and its digest when known (as
+        `Codec-Tokenizer-Map` writes them)."""
+        named = self.map_id or "(no id)"
+        return f"{named} sha256:{self.digest}" if self.digest else named
 
     @property
     def dummy_prefix(self) -> bool:

@@ -31,24 +31,23 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
-from google.protobuf.message import DecodeError
 
 from proxy.core.errors import BadRequest, UnsupportedMediaType
 from proxy.core.shown import quoted
-from proxy.core.wire import codec_pb2, protowire
-from proxy.core.wire.formats import MSGPACK, check_stream_format
+from proxy.core.wire import protowire
+from proxy.core.wire.formats import (
+    MSGPACK,
+    MSGPACK_MEDIA_TYPE,
+    PROTOBUF_MEDIA_TYPE,
+    check_stream_format,
+)
 from proxy.core.wire.prompt_ids import PromptLimits, item_types, outside_vocabulary
 
-MSGPACK_MEDIA_TYPE: Final = "application/x-msgpack"
-PROTOBUF_MEDIA_TYPE: Final = "application/x-protobuf"
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_STREAM_FORMAT: Final = MSGPACK
 
 _FLOAT32 = struct.Struct("<f")
 _PREFIX = struct.Struct(">I")
-# Packed IDs are decoded this many bytes at a time (a few milliseconds each), so a worker
-# thread decoding a long prompt hands the interpreter back to the event loop between them.
-_PACKED_SLICE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,29 +183,14 @@ def _protobuf_fields(body: bytes, limits: PromptLimits) -> dict[str, Any]:
 
 
 def _decode_packed(packed: bytes, count: int, ids: list[int]) -> None:
-    """Append the `count` values of packed varints that `WireReader.packed_uint32` checked.
-
-    Decoded by the protobuf runtime's C parser, which is lenient only where the bytes were
-    already checked, in slices cut after a varint's last byte, into a list sized once (growing
-    a list of millions copies it, in one call, each time it is reallocated).
-    """
+    """Append the `count` values of packed varints that `WireReader.packed_uint32` checked,
+    into a list sized once (growing a list of millions copies it, in one call, each time it is
+    reallocated)."""
     filled = len(ids)
     ids.extend(itertools.repeat(0, count))
-    start = 0
-    while start < len(packed):
-        end = min(start + _PACKED_SLICE_BYTES, len(packed))
-        while packed[end - 1] >= 0x80:  # the checks left a last byte within 5 of any byte
-            end += 1
-        piece = packed[start:end]
-        try:
-            values = codec_pb2.CodecRequest.FromString(
-                b"\x0a" + protowire.varint(len(piece)) + piece
-            ).prompt_ids
-        except DecodeError as exc:  # pragma: no cover - the bytes were checked
-            raise _error(f"invalid packed prompt_ids: {exc}") from exc
+    for values in protowire.packed_slices(packed):
         ids[filled : filled + len(values)] = values
         filled += len(values)
-        start = end
 
 
 # --- both -----------------------------------------------------------------------------------

@@ -1,13 +1,20 @@
 """The client side of the wire: an incremental decoder for a Codec response body.
 
-The proxy itself only encodes; this decoder is what its tests, benchmarks and the
-`codec-proxy client` command read responses with, held to the same formats as the encoders in
-proxy/core/wire/frames.py (codec-spec.md §1).
+The proxy itself only encodes; this decoder is what its tests, benchmarks, the `codec-proxy
+client` command and the Codec clients (proxy/core/client/) read responses with, held to the same
+formats as the encoders in proxy/core/wire/frames.py (codec-spec.md §1).
+
+A decoded frame holds its IDs in an `array("I")`, 4 bytes each, never a list of Python ints (36
+bytes each past 256): a server may merge thousands of tokens into one frame, and a hostile one
+millions, up to the frame cap. Packed protobuf IDs are checked as bytes and decoded by the
+protobuf runtime in slices (protowire.py); a msgpack frame is unpacked whole by msgpack's C
+unpacker while it is small, and value by value past that, its IDs straight into the array.
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
@@ -26,6 +33,13 @@ DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 _MAX_UINT32 = protowire.MAX_UINT32
 _LENGTH_PREFIX = struct.Struct(">I")
+# A msgpack frame up to this size is unpacked whole (a few MiB of Python objects at most);
+# a larger one a value at a time.
+_UNPACKED_WHOLE_BYTES: Final = 64 * 1024
+# The keys of a frame's map that are read; any other is skipped unread (codec-spec.md §1.1).
+_FRAME_KEYS: Final = frozenset({"done", "finish_reason", "tool_calls", "base_id"})
+# Zigzag deltas of uint32 IDs reach 2**33 - 1 (delta.py).
+_MAX_DELTA = 2 * _MAX_UINT32 + 1
 
 
 class FrameDecodeError(BadRequest):
@@ -266,7 +280,12 @@ def _scan_msgpack(
     return pos, values_left
 
 
-def _unpack_map(payload: bytes) -> Any:
+def _unpack_frame(payload: bytes, array_key: str, limit: int) -> tuple[dict[str, Any], Any]:
+    """The frame's map, and its `array_key` value: an array of unsigned ints up to `limit`
+    (`"I"` or `"Q"` by the limit), or whatever else it is (then not an array of IDs)."""
+    typecode = "I" if limit <= _MAX_UINT32 else "Q"
+    if len(payload) > _UNPACKED_WHOLE_BYTES:
+        return _unpack_frame_by_values(payload, array_key, limit, typecode)
     try:
         # strict_map_key: only str/bytes keys, never an unhashable container.
         value = msgpack.unpackb(payload, raw=False, strict_map_key=True)
@@ -274,41 +293,81 @@ def _unpack_map(payload: bytes) -> Any:
         raise _error(f"invalid msgpack frame: {str(exc) or type(exc).__name__}") from exc
     if type(value) is not dict:
         raise _error(f"msgpack frame is a {type(value).__name__}, not a map")
-    return value
+    items = value.get(array_key)
+    if type(items) is list:
+        items = array(typecode, _checked_ids(items, array_key, limit))
+    return value, items
+
+
+def _unpack_frame_by_values(
+    payload: bytes, array_key: str, limit: int, typecode: str
+) -> tuple[dict[str, Any], Any]:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(payload))
+    unpacker.feed(payload)
+    value: dict[str, Any] = {}
+    items: Any = None
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if type(key) is not str and type(key) is not bytes:  # as strict_map_key refuses
+                raise _error(f"msgpack frame has a key of type {type(key).__name__}")
+            if key == array_key:
+                items = _read_array(unpacker, array_key, limit, typecode)
+            elif key in _FRAME_KEYS:
+                value[key] = unpacker.unpack()
+            else:
+                unpacker.skip()
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise _error(f"invalid msgpack frame: {str(exc) or type(exc).__name__}") from exc
+    if unpacker.tell() != len(payload):
+        raise _error("invalid msgpack frame: bytes after its map")
+    return value, items
+
+
+def _read_array(unpacker: msgpack.Unpacker, key: str, limit: int, typecode: str) -> array[int]:
+    items = array(typecode)
+    append, unpack = items.append, unpacker.unpack
+    for _ in range(unpacker.read_array_header()):
+        item = unpack()
+        if type(item) is not int or not 0 <= item <= limit:
+            raise _error(f"msgpack frame {key} item {item!r} is out of range")
+        append(item)
+    return items
 
 
 def _decode_msgpack_payload(payload: bytes) -> Frame:
     # codec-spec.md §1.1 and interop.md §0.3: `ids` and `done` required, `done` a real bool,
     # `finish_reason` str or nil, unknown keys ignored.
-    value = _unpack_map(payload)
-    ids = value.get("ids")
-    if type(ids) is not list:
+    value, ids = _unpack_frame(payload, "ids", _MAX_UINT32)
+    if type(ids) is not array:
         raise _error("msgpack frame has no `ids` array")
-    return _frame_from_map(value, _checked_ids(ids, "id"))
+    return _frame_from_map(value, ids)
 
 
 def _decode_msgpack_delta_payload(payload: bytes) -> Frame:
     # codec-spec.md §1.5: `{base_id, ids_delta, done, finish_reason?}`; each frame carries its
     # own base, so a frame decodes without the ones before it.
-    value = _unpack_map(payload)
+    value, deltas = _unpack_frame(payload, "ids_delta", _MAX_DELTA)
     base_id = value.get("base_id")
-    deltas = value.get("ids_delta")
     if type(base_id) is not int or not 0 <= base_id <= _MAX_UINT32:
         raise _error("msgpack-delta frame has no uint32 `base_id`")
-    if type(deltas) is not list:
+    if type(deltas) is not array:
         raise _error("msgpack-delta frame has no `ids_delta` array")
-    ids = delta.decode_deltas(_checked_ids(deltas, "delta", limit=2 * _MAX_UINT32 + 1), base_id)
-    return _frame_from_map(value, _checked_ids(ids, "id"))
+    try:
+        ids = array("I", delta.decode_deltas(deltas, base_id))
+    except OverflowError as exc:  # an ID below 0 or past uint32
+        raise _error(f"msgpack-delta frame ids are out of range: {exc}") from exc
+    return _frame_from_map(value, ids)
 
 
-def _checked_ids(values: list[Any], what: str, limit: int = _MAX_UINT32) -> list[int]:
+def _checked_ids(values: list[Any], what: str, limit: int) -> list[int]:
     for value in values:
         if type(value) is not int or not 0 <= value <= limit:
-            raise _error(f"msgpack frame {what} {value!r} is out of range")
+            raise _error(f"msgpack frame {what} item {value!r} is out of range")
     return values
 
 
-def _frame_from_map(value: dict[str, Any], ids: list[int]) -> Frame:
+def _frame_from_map(value: dict[str, Any], ids: array[int]) -> Frame:
     done = value.get("done")
     if type(done) is not bool:
         raise _error("msgpack frame `done` is missing or not a bool")
@@ -317,12 +376,10 @@ def _frame_from_map(value: dict[str, Any], ids: list[int]) -> Frame:
         raise _error("msgpack frame `finish_reason` is neither a str nor nil")
     calls = value.get("tool_calls")
     if calls is None:
-        return Frame(tuple(ids), done, finish_reason)
+        return Frame(ids, done, finish_reason)
     if type(calls) is not list:
         raise _error("msgpack frame `tool_calls` is not an array")
-    return Frame(
-        tuple(ids), done, finish_reason, tuple(tool_call_from_map(c, _error) for c in calls)
-    )
+    return Frame(ids, done, finish_reason, tuple(tool_call_from_map(c, _error) for c in calls))
 
 
 # --- protobuf -----------------------------------------------------------------------------
@@ -330,16 +387,16 @@ def _frame_from_map(value: dict[str, Any], ids: list[int]) -> Frame:
 
 def _decode_protobuf_payload(payload: bytes) -> Frame:
     reader = protowire.WireReader(payload, _error, "bad_frame")
-    ids: list[int] = []
+    ids = array("I")
     done = False
     finish_reason: str | None = None
     calls: list[ToolCall] = []
     while not reader.at_end:
         field, wire_type = reader.key()
         if field == 1 and wire_type == protowire.LEN:  # ids, packed (codec-spec.md §1.2)
-            packed_end = reader.length_delimited_end()
-            while reader.pos < packed_end:
-                ids.append(reader.uint32(packed_end))
+            packed, _ = reader.packed_uint32(reader.length_delimited_end())
+            for values in protowire.packed_slices(packed):
+                ids.extend(values)
         elif field == 1 and wire_type == protowire.VARINT:
             # Unpacked ids: valid proto3 input that the reference decoders silently drop.
             ids.append(reader.uint32())
@@ -355,4 +412,4 @@ def _decode_protobuf_payload(payload: bytes) -> Frame:
             raise _error(f"protobuf field {field} has wire type {wire_type}")
         else:
             reader.skip(wire_type)
-    return Frame(tuple(ids), done, finish_reason, tuple(calls))
+    return Frame(ids, done, finish_reason, tuple(calls))

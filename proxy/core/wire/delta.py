@@ -8,7 +8,7 @@ Zigzag maps signed to unsigned so small steps either way stay one-byte msgpack f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 
 def zigzag(value: int) -> int:
@@ -28,10 +28,8 @@ def encode_deltas(ids: Sequence[int], base_id: int) -> list[int]:
     return deltas
 
 
-def decode_deltas(deltas: Sequence[int], base_id: int) -> list[int]:
-    ids = []
+def decode_deltas(deltas: Iterable[int], base_id: int) -> Iterator[int]:
     current = base_id
     for value in deltas:
         current += unzigzag(value)
-        ids.append(current)
-    return ids
+        yield current

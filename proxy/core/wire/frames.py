@@ -25,14 +25,22 @@ guarantee it); encoders sit on the per-token hot path and do not re-check them.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 import msgpack
 
 from proxy.core.wire import codec_pb2, delta, protowire
-from proxy.core.wire.formats import MSGPACK, MSGPACK_DELTA, PROTOBUF, SENT_AS, check_stream_format
+from proxy.core.wire.formats import (
+    MEDIA_TYPES,
+    MSGPACK,
+    MSGPACK_DELTA,
+    PREFIXED_MSGPACK_MEDIA_TYPE,
+    PROTOBUF,
+    SENT_AS,
+    check_stream_format,
+)
 from proxy.core.wire.tool_calls import ToolCall, tool_call_map
 
 __all__ = [
@@ -48,17 +56,35 @@ __all__ = [
 _LENGTH_PREFIX = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Frame:
     """One Codec frame. `ids` may be empty only on the terminal frame (codec-spec.md §2).
 
+    `ids` is a tuple in the frames the proxy makes; a decoded frame holds them in an
+    `array("I")`, 4 bytes an ID (decoder.py), and equals a made one with the same IDs.
     `tool_calls` holds the calls completed since the previous frame (codec-spec.md §2.5).
     """
 
-    ids: tuple[int, ...]
+    ids: Sequence[int]
     done: bool = False
     finish_reason: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frame):
+            return NotImplemented
+        ids, other_ids = self.ids, other.ids
+        same_ids = (
+            ids == other_ids if type(ids) is type(other_ids) else tuple(ids) == tuple(other_ids)
+        )
+        return same_ids and (self.done, self.finish_reason, self.tool_calls) == (
+            other.done,
+            other.finish_reason,
+            other.tool_calls,
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.ids), self.done, self.finish_reason, self.tool_calls))
 
 
 class FrameEncoder(Protocol):
@@ -81,8 +107,8 @@ class MsgpackFrameEncoder:
 
     __slots__ = ("_pack",)
 
-    content_type: Final = "application/x-msgpack"
-    stream_format: Final = "msgpack"
+    content_type: Final = MEDIA_TYPES[MSGPACK]
+    stream_format: Final = MSGPACK
 
     def __init__(self) -> None:
         # msgpack packs non-negative ints with the smallest unsigned width, tuples as arrays,
@@ -119,8 +145,8 @@ class MsgpackDeltaFrameEncoder:
 
     __slots__ = ("_base", "_pack")
 
-    content_type: Final = "application/x-msgpack"
-    stream_format: Final = "msgpack-delta"
+    content_type: Final = MEDIA_TYPES[MSGPACK_DELTA]
+    stream_format: Final = MSGPACK_DELTA
 
     def __init__(self) -> None:
         self._pack: Callable[[object], bytes] = msgpack.Packer().pack
@@ -148,8 +174,8 @@ class PrefixedMsgpackFrameEncoder:
 
     __slots__ = ("_msgpack",)
 
-    content_type: Final = "application/codec+msgpack"
-    stream_format: Final = "msgpack"
+    content_type: Final = PREFIXED_MSGPACK_MEDIA_TYPE
+    stream_format: Final = MSGPACK
 
     def __init__(self) -> None:
         self._msgpack = MsgpackFrameEncoder()
@@ -171,8 +197,8 @@ class ProtobufFrameEncoder:
 
     __slots__ = ()
 
-    content_type: Final = "application/x-protobuf"
-    stream_format: Final = "protobuf"
+    content_type: Final = MEDIA_TYPES[PROTOBUF]
+    stream_format: Final = PROTOBUF
 
     def encode(self, frame: Frame) -> bytes:
         if len(frame.ids) > 1 or frame.tool_calls:

@@ -9,8 +9,10 @@ their own `BadRequest` subclass with their own message prefix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
+
+from proxy.core.wire import codec_pb2
 
 VARINT: Final = 0
 I64: Final = 1
@@ -146,6 +148,28 @@ class WireReader:
         else:
             # Groups (3, 4) are not proto3; 6 and 7 are undefined.
             raise self.fail(f"protobuf wire type {wire_type} is not supported")
+
+
+# Packed values are decoded this many bytes at a time (a few milliseconds each), so a worker
+# thread decoding a long prompt hands the interpreter back to the event loop between them.
+PACKED_SLICE_BYTES: Final = 64 * 1024
+
+
+def packed_slices(packed: bytes) -> Iterator[Sequence[int]]:
+    """The values of packed varints that `WireReader.packed_uint32` checked, a slice at a time.
+
+    Decoded by the protobuf runtime's C parser, which is lenient only where the bytes were
+    already checked, in slices cut after a varint's last byte (as `CodecFrame.ids`, field 1,
+    packed uint32: any such field reads the same).
+    """
+    start = 0
+    while start < len(packed):
+        end = min(start + PACKED_SLICE_BYTES, len(packed))
+        while packed[end - 1] >= 0x80:  # the checks left a last byte within 5 of any byte
+            end += 1
+        piece = packed[start:end]
+        yield codec_pb2.CodecFrame.FromString(b"\x0a" + varint(len(piece)) + piece).ids
+        start = end
 
 
 _ONE_BYTE: Final = tuple(bytes((value,)) for value in range(0x80))

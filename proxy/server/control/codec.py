@@ -149,6 +149,7 @@ def codec_plan(
         zstd_dictionary=dictionary is not None,
         # Dictionary zstd only for a declared Codec client (core/http/content_coding.py).
         codec_client=declared_client_version(request),
+        uncompressed=live.uncompressed(model.name, presented_key(request)),
     )
     return CodecPlan(
         endpoint,

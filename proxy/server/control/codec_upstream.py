@@ -4,12 +4,13 @@
 across a region or a WAN, an engine that speaks Codec), serving clients that know nothing of
 Codec (docs/DEPLOY.md "Codec on the long hop"). What becomes of each request:
 
-* A JSON generation request that frames can answer whole (proxy/core/render/ask.py: one choice,
+* A JSON generation request that frames can answer whole (proxy/core/client/ask.py: one choice,
   no log probabilities or echo, one prompt, text only; streamed or not) is asked as Codec: the
   same body with `stream_format` and `stream: true`, `Codec-Client-Version`, and an
   `Accept-Encoding` of what this proxy decodes (`zstd` only once it holds the dictionary the
-  upstream's map lists for the format). The answer is rendered as the client asked: SSE chunks,
-  or the whole answer (proxy/core/render/response.py).
+  upstream's map lists for the format). The answer is read (proxy/core/client/answer.py, the
+  plan the OpenAI SDK transport follows too) and rendered as the client asked: SSE chunks, or
+  the whole answer (proxy/core/render/response.py).
 * Anything else (n > 1, logprobs, a batch, `stream_format: "json"`, every other route) is relayed
   as it is, and so is a Codec client's own request (Path A with a binary `stream_format`, Path
   B), after this proxy's own rollout switches and version gate: the upstream answers it itself.
@@ -23,6 +24,8 @@ Codec (docs/DEPLOY.md "Codec on the long hop"). What becomes of each request:
 * An answer whose map or dictionary cannot be fetched, or does not verify, is never rendered:
   it is closed and the request asked again as JSON (proxy/server/models/upstream_maps.py says
   what `/readyz` shows then).
+* An answer whose IDs go past its map's vocabulary ends as an error (the stream's error event,
+  or a 502 for a whole answer), and the map is fetched again before it renders another.
 
 Each outcome is counted in `codec_proxy_codec_upstream_requests_total{model, result}`.
 """
@@ -36,28 +39,22 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from proxy.core.compression.decompressors import DecompressionError, new_decompressor
-from proxy.core.endpoints import Endpoint
-from proxy.core.errors import UpstreamProtocolError
-from proxy.core.http.content_coding import ZSTD, codec_accept_encoding
-from proxy.core.maps.tokenizer_map import digest_of_header
-from proxy.core.render.ask import (
-    CLIENT_VERSION,
+from proxy.core.client.answer import Frames, NotFrames, Unrenderable, read_answer
+from proxy.core.client.ask import (
     DEFAULT_REMEMBER_SECONDS,
     CodecAsk,
     codec_ask_for,
+    codec_headers,
     fallback_for,
 )
-from proxy.core.render.assets import CodecIntegrityError, dictionary_digest
-from proxy.core.render.body import FrameFormat, response_stream_format
-from proxy.core.render.response import (
-    STREAM_HEADERS,
-    WHOLE_HEADERS,
-    RenderedResponseBody,
-    envelope_for,
-    renderer_for,
-)
-from proxy.core.wire.frames import encoder_for
+from proxy.core.client.assets import CodecIntegrityError
+from proxy.core.client.reading import MAX_ERROR_BYTES, read_whole
+from proxy.core.compression.decompressors import DecompressionError
+from proxy.core.endpoints import Endpoint
+from proxy.core.errors import ProxyError, UpstreamProtocolError
+from proxy.core.http.content_coding import IDENTITY, codec_accept_encoding
+from proxy.core.render.response import STREAM_HEADERS, WHOLE_HEADERS, RenderedResponseBody
+from proxy.server.control.auth import presented_key
 from proxy.server.control.codec import admit_codec
 from proxy.server.control.exchanges import stream_context
 from proxy.server.control.headers import forward_headers, request_target, upstream_response_headers
@@ -65,6 +62,7 @@ from proxy.server.control.relay import relay, relay_response
 from proxy.server.data.context import StreamContext
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.stream import StreamedResponse, StreamEnd, stream_response
+from proxy.server.models.live import config_of
 from proxy.server.models.served_models import ServedModel, model_of
 from proxy.server.models.upstream_maps import MapUnavailable, UpstreamMaps
 from proxy.server.telemetry.metrics import METRICS
@@ -81,9 +79,6 @@ _UPSTREAM_DROP: Final = (
     "content-encoding",
     "codec-client-version",
 )
-# A refusal's body is a small JSON error; it is read whole to see which refusal it is.
-_REFUSALS: Final = frozenset({403, 426, 503})
-_ERROR_BODY_LIMIT: Final = 64 * 1024
 
 Repeat = Callable[[], Awaitable[web.StreamResponse]]
 
@@ -121,12 +116,14 @@ async def serve_from_codec(
         _count(request, model, "skipped")
         return await repeat()
     record = request[RECORD]
+    if config_of(request).uncompressed(model.name, presented_key(request)):
+        coding = IDENTITY  # the long hop too (core/http/uncompressed.py)
+    else:
+        coding = codec_accept_encoding(zstd=maps.zstd_dictionary() is not None)
     headers = [
         *forward_headers(request, drop=_UPSTREAM_DROP),
-        ("Accept", encoder_for(fmt).content_type),
-        ("Accept-Encoding", codec_accept_encoding(zstd=maps.zstd_dictionary() is not None)),
+        *codec_headers(fmt, coding),
         ("Content-Type", "application/json"),
-        ("Codec-Client-Version", CLIENT_VERSION),
     ]
     context = stream_context(request, MODE)
     async with model.pool.open(
@@ -137,34 +134,41 @@ async def serve_from_codec(
         body=ask.body,
     ) as exchange:
         head = exchange.head
-        answered = response_stream_format(
-            head.headers.get("Content-Type"), head.headers.get("Codec-Stream-Format")
-        )
-        if head.status == 200 and answered is not None:
-            rendered = await _rendered(request, context, exchange, ask, maps, answered)
+        head_fields = head.headers
+        answer = read_answer(head.status, head_fields)
+        if isinstance(answer, Frames):
+            rendered = await _rendered(request, context, exchange, ask, maps, answer)
             if rendered is not None:
                 return rendered
-        elif head.status == 200:
+        elif isinstance(answer, Unrenderable):
+            log.warning("model %s: a Codec answer cannot be rendered: %s", model.name,
+                        answer.detail)  # fmt: skip
+            _count(request, model, "map_unavailable")
+        elif isinstance(answer, NotFrames):
             # The upstream ignored stream_format: its JSON is the client's answer when it is the
             # stream the client asked for.
             maps.refusals.remember(key, time.monotonic(), DEFAULT_REMEMBER_SECONDS)
             _count(request, model, "answered_json")
             log.warning("model %s: the Codec upstream answered a Codec request with %s",
-                        model.name, head.headers.get("Content-Type"))  # fmt: skip
+                        model.name, head_fields.get("Content-Type"))  # fmt: skip
             if ask.streamed:
                 return await relay_response(request, context, exchange)
-        elif head.status in _REFUSALS:
-            body, whole = await exchange.read_all(_ERROR_BODY_LIMIT)
+        elif answer.may_be_refusal:
+            raw, whole = await exchange.read_all(MAX_ERROR_BYTES)
             if not whole:
                 # It cannot be relayed whole any more, nor read for the refusal it may be.
                 raise UpstreamProtocolError(
-                    f"the upstream's {head.status} error body is over {_ERROR_BODY_LIMIT} bytes"
+                    f"the upstream's {head.status} error body is over {MAX_ERROR_BYTES} bytes"
                 )
-            lowered = {name.lower(): value for name, value in head.headers.items()}
-            fallback = fallback_for(head.status, lowered, body)
+            fallback = None
+            try:
+                error = read_whole(raw, head_fields.get("Content-Encoding"), MAX_ERROR_BYTES)
+                fallback = fallback_for(head.status, head_fields, error.data)
+            except ProxyError:
+                pass  # not a refusal: relayed as it came
             if fallback is None:
                 _count(request, model, "upstream_error")
-                return _answer(exchange, body)
+                return _answer(exchange, raw)
             maps.refusals.remember(key, time.monotonic(), fallback.seconds)
             _count(request, model, "refused")
             log.info("model %s: the Codec upstream refused Codec (%s); JSON for %.0fs",
@@ -184,24 +188,19 @@ async def _rendered(
     exchange: Exchange,
     ask: CodecAsk,
     maps: UpstreamMaps,
-    fmt: FrameFormat,
+    answer: Frames,
 ) -> web.StreamResponse | None:
     """The Codec answer rendered; None when it cannot be (asked again as JSON)."""
     model = model_of(request)
-    head = exchange.head
-    coding = head.headers.get("Content-Encoding")
-    digest = digest_of_header(head.headers.get("Codec-Tokenizer-Map"))
+    record = context.record
     try:
-        if digest is None:
-            raise MapUnavailable("the answer names no tokenizer map (Codec-Tokenizer-Map)")
-        decoder = await maps.load_map(digest)
+        decoder = await maps.load_map(answer.map_digest)
         dictionary = None
-        if (coding or "").strip().lower() == ZSTD:
-            named = dictionary_digest(head.headers.get("Codec-Zstd-Dict"))
-            if named is None:
-                raise MapUnavailable("a zstd answer names no dictionary (Codec-Zstd-Dict)")
-            dictionary = await maps.load_dictionary(named)
-        decompressor = new_decompressor(coding, dictionary)
+        if answer.dictionary_digest is not None:
+            dictionary = await maps.load_dictionary(answer.dictionary_digest)
+        rendered = answer.body(
+            ask, decoder, dictionary, request_id=record.forwarded_id, created=int(time.time())
+        )
     except CodecIntegrityError:
         _count(request, model, "map_mismatch")
         return None
@@ -209,20 +208,9 @@ async def _rendered(
         log.warning("model %s: a Codec answer cannot be rendered: %s", model.name, exc.message)
         _count(request, model, "map_unavailable")
         return None
-    record = context.record
-    record.stream_format = fmt
-    record.encoding = coding
-    envelope = envelope_for(ask, record.forwarded_id, int(time.time()))
-    body = RenderedResponseBody(
-        renderer_for(
-            ask,
-            decoder,
-            envelope=envelope,
-            codec_token_source=head.headers.get("Codec-Token-Source"),
-        ),
-        fmt,
-        decompressor,
-    )
+    record.stream_format = answer.stream_format
+    record.encoding = answer.content_encoding
+    body = RenderedResponseBody(rendered)
     record.phase = "first_token"
 
     def start() -> web.StreamResponse:
@@ -235,11 +223,14 @@ async def _rendered(
     response, end = await stream_response(request, context, exchange, body, start, timed=True)
     _count(request, model, "rendered")
     metrics = request.app[METRICS]
-    metrics.rendered_tokens.labels(model.name, fmt).inc(body.tokens)
+    metrics.rendered_tokens.labels(model.name, answer.stream_format).inc(body.tokens)
     record.tokens = body.tokens
     if body.error is not None:
         record.outcome = "upstream_error"
         log.warning("model %s: a Codec answer ended with error: %s", model.name, body.error)
+    if body.map_drift:
+        record.outcome = "upstream_error"
+        maps.drifted(answer.map_digest)
     if end is StreamEnd.COMPLETE and body.done:
         # What follows the terminal frame is the coding's end: read it, keep the connection.
         exchange.drain_rest()

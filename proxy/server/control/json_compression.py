@@ -27,6 +27,7 @@ from proxy.core.http.content_coding import (
     negotiate_json_coding,
 )
 from proxy.core.http.json_coding import JsonBody, coded_headers, compressible_json
+from proxy.server.control.auth import presented_key
 from proxy.server.control.headers import combined_header
 from proxy.server.data.upstream_protocol import ResponseHead
 from proxy.server.models.live import config_of
@@ -72,9 +73,13 @@ class JsonCompression:
 
 def json_compression(request: web.Request, upstream: ResponseHead) -> JsonCompression | None:
     """How the upstream's response is sent to this client; None: as it came, untouched (the
-    setting is off, or the response is not one the proxy compresses)."""
+    setting is off, the response is not one the proxy compresses, or its model's or API key's
+    responses go uncompressed)."""
     live = config_of(request)
     if live.settings.json_compression != "on":
+        return None
+    name = model_of(request).name
+    if live.uncompressed(name, presented_key(request)):
         return None
     fields = upstream.headers
     body_kind = compressible_json(
@@ -82,10 +87,11 @@ def json_compression(request: web.Request, upstream: ResponseHead) -> JsonCompre
         content_type=fields.get("Content-Type"),
         content_encoding=_joined(fields.getall("Content-Encoding", [])),
         cache_control=_joined(fields.getall("Cache-Control", [])),
+        request_cache_control=combined_header(request, "Cache-Control"),
     )
     if body_kind is None:
         return None
-    model = live.model(model_of(request).name)
+    model = live.model(name)
     flush = FlushConfig(model.flush_interval_ms, model.flush_frames)
     # A stream is flushed on the schedule; a whole body is one window, as wide as it gets.
     window = (

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from proxy.core.errors import ConfigError
 from proxy.core.http.access import CodecAccess
+from proxy.core.http.uncompressed import uncompressed
 from proxy.core.http.upgrade import VersionPolicy
 from proxy.core.safety.policy import SafetyPolicy
 from proxy.server.models.policy_file import read_policy_file
@@ -48,6 +49,13 @@ class Live:
 
     def model(self, name: str) -> ModelConfig:
         return self.models[name]
+
+    def uncompressed(self, model: str, key: str) -> bool:
+        """Whether `model`'s responses to the Bearer token `key` go uncompressed
+        (core/http/uncompressed.py)."""
+        return uncompressed(
+            model=self.model(model).uncompressed, key=key, keys=self.settings.uncompressed_keys
+        )
 
     def safety_policy(self, model: str) -> SafetyPolicy | None:
         return self.safety_policies.get(model)

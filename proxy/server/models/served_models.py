@@ -30,10 +30,10 @@ from aiohttp import web
 from proxy.core.backend.drift import DriftState, DriftVerdict
 from proxy.core.backend.readiness import Readiness
 from proxy.core.backend.routing import NO_MODEL, UNKNOWN_MODEL, ModelRoutes
+from proxy.core.client.assets import CodecAssets
 from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.errors import BadRequest, ConfigError, ProxyError
 from proxy.core.maps.tokenizer_map import PublishedMap
-from proxy.core.render.assets import CodecAssets
 from proxy.core.wire.prompt_ids import PromptLimits
 from proxy.dictionaries.load import load_dictionaries
 from proxy.maps.publish import publish

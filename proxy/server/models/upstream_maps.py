@@ -10,8 +10,9 @@ two ways, and trusted one way only, by its sha256:
 * on every Codec answer, from `Codec-Tokenizer-Map`: the map the answer's IDs follow.
 
 Either way the bytes come from the upstream's content-addressed path
-(`/.well-known/codec/maps/sha256/<hex>.json`), are checked against the digest
-(proxy/core/render/assets.py), and the decoder is built once per map, off the event loop.
+(`/.well-known/codec/maps/sha256/<hex>.json`), are read within a bound and hashed as they come
+(proxy/core/client/reading.py), checked against the digest (proxy/core/client/assets.py), and
+the decoder is built once per map, off the event loop.
 Dictionaries likewise, from `/.well-known/codec/dicts/<hex>.zstd`: those the pinned map lists
 are fetched ahead, since a client can only ask for zstd once it holds the dictionary.
 
@@ -22,6 +23,9 @@ and shown by the `upstream_map` readiness check):
 * An answer names another map than the pinned one (`drift`: a new model upstream, a fleet
   mid-rollout): that map is fetched and verified before the answer is rendered with it, and
   the pin moves to it; readiness stays as it was.
+* An answer's IDs go past its map's vocabulary (`drift` too: its IDs follow another map than
+  the one it names): that answer ends as an error (proxy/core/render/turn.py), and the map is
+  fetched and verified again before another answer is rendered with it.
 * The map cannot be fetched (`unavailable`): the request is asked again as JSON; readiness is
   unchanged (not ready while nothing was ever pinned).
 * Bytes that do not hash to the digest, or are no map (`hash_mismatch`, `not_a_map`): not
@@ -52,13 +56,19 @@ from typing import Any, Final
 import aiohttp
 
 from proxy.core.backend.readiness import Check, Readiness
-from proxy.core.compression.decompressors import new_decompressor
+from proxy.core.client.ask import RefusalMemory
+from proxy.core.client.assets import CodecAssets, CodecIntegrityError
+from proxy.core.client.reading import (
+    MAX_DICTIONARY_BYTES,
+    MAX_INDEX_BYTES,
+    MAX_MAP_BYTES,
+    BodyReader,
+    ReadBody,
+)
 from proxy.core.compression.dictionaries import dictionary_url
 from proxy.core.errors import ProxyError
 from proxy.core.maps.discovery import WELL_KNOWN_PREFIX, map_path_by_digest, pointer_for, read_index
 from proxy.core.maps.tokenizer_map import PublishedMap
-from proxy.core.render.ask import RefusalMemory
-from proxy.core.render.assets import CodecAssets, CodecIntegrityError
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.server.data.upstreams import UpstreamPool
 from proxy.server.telemetry.metrics import Metrics
@@ -67,9 +77,6 @@ log = logging.getLogger("codec_proxy")
 
 UPSTREAM_MAP_CHECK: Final = "upstream_map"
 INDEX_PATH: Final = WELL_KNOWN_PREFIX + "index.json"
-# A Llama-3 map is 6 MB; a dictionary about 100 KB. Beyond these, an upstream sends no map.
-MAX_MAP_BYTES: Final = 64 << 20
-MAX_DICTIONARY_BYTES: Final = 16 << 20
 # codecai's `load_map` allows a fetch 30 s; a map crosses the long hop once.
 FETCH_SECONDS: Final = 30.0
 # While nothing is pinned and the index could not be read: look again this often.
@@ -189,20 +196,35 @@ class UpstreamMaps:
             task.add_done_callback(lambda done: self._settled(self._fetching, digest, done))
         return await asyncio.shield(task)
 
+    def drifted(self, digest: str) -> None:
+        """An answer rendered with the map `digest` had an ID past its vocabulary: counted as
+        drift, and the map fetched and verified again (now, in the background; an answer that
+        names it meanwhile waits for that fetch) before another answer is rendered with it."""
+        self._metrics.upstream_maps.labels(self._model, "drift").inc()
+        published = self._published.pop(digest, None)
+        self._assets.forget_map(digest)
+        log.warning(
+            "model %s: a Codec answer's token IDs went past the vocabulary of map %s it names: "
+            "the upstream's IDs follow another map; fetching it again",
+            self._model,
+            published.header_value if published is not None else f"sha256:{digest}",
+        )
+        self._background(self._load_again(digest))
+
     # --- at start, and until something is pinned ---------------------------------------------
 
     async def pin_from_index(self) -> bool:
         """Pin the map the upstream's index lists for this model. True when the question is
         settled (pinned, or the index lists no map for the model), False to try again later."""
         try:
-            body = await self._fetch(INDEX_PATH, 1 << 20)
+            index = await self._fetch(INDEX_PATH, MAX_INDEX_BYTES)
         except MapUnavailable as exc:
             if exc.code == "not_found":
                 return self._unlisted("the upstream publishes no index.json")
             log.warning("model %s: the Codec upstream's index: %s", self._model, exc.message)
             return False
         try:
-            pointer = pointer_for(read_index(body), self._names)
+            pointer = pointer_for(read_index(index.data), self._names)
         except ProxyError as exc:
             log.warning("model %s: the Codec upstream's index: %s", self._model, exc.message)
             return False
@@ -269,11 +291,13 @@ class UpstreamMaps:
         try:
             # A map is megabytes of JSON: read off the loop (80 ms for SmolLM2's, 320 ms for
             # Llama-3's), once per digest.
-            decoder = await asyncio.to_thread(self._assets.add_map, digest, body)
+            decoder = await asyncio.to_thread(
+                lambda: self._assets.add_map(digest, body.data, sha256=body.sha256)
+            )
         except CodecIntegrityError as exc:
             self._refused(digest, exc)
             raise
-        self._published[digest] = PublishedMap(decoder.map_id, body, digest)
+        self._published[digest] = PublishedMap(decoder.map_id, body.data, digest)
         self._bad.pop(digest, None)
         self._metrics.upstream_maps.labels(self._model, "pinned").inc()
         log.info("model %s: the Codec upstream's map %s is verified", self._model,
@@ -284,12 +308,12 @@ class UpstreamMaps:
         data = await self._guarded(digest, lambda: self._fetch(dictionary_url(digest),
                                                                 MAX_DICTIONARY_BYTES))  # fmt: skip
         try:
-            return self._assets.add_dictionary(digest, data)
+            return self._assets.add_dictionary(digest, data.data, sha256=data.sha256)
         except CodecIntegrityError as exc:
             self._refused(digest, exc)
             raise
 
-    async def _guarded(self, digest: str, fetch: Callable[[], Awaitable[bytes]]) -> bytes:
+    async def _guarded(self, digest: str, fetch: Callable[[], Awaitable[ReadBody]]) -> ReadBody:
         until = self._bad.get(digest)
         if until is not None and self._clock() < until:
             raise CodecIntegrityError(
@@ -325,36 +349,34 @@ class UpstreamMaps:
                 with contextlib.suppress(CodecIntegrityError, MapUnavailable):
                     await self.load_dictionary(digest)
 
+    async def _load_again(self, digest: str) -> None:
+        with contextlib.suppress(CodecIntegrityError, MapUnavailable):
+            await self.load_map(digest)  # counted and logged where it failed
+
     def _background(self, work: Awaitable[object]) -> None:
         task: asyncio.Task[object] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, path: str, limit: int) -> bytes:
-        """A discovery document of the upstream's, its content coding undone within `limit`."""
+    async def _fetch(self, path: str, limit: int) -> ReadBody:
+        """A discovery document of the upstream's, its content coding undone within `limit`
+        as it arrives, and hashed."""
         try:
             async with asyncio.timeout(FETCH_SECONDS):
                 async with self._pool.request(
                     "GET", path, headers=_FETCH_HEADERS, data=None
                 ) as response:
                     status = response.status
-                    coding = response.headers.get("Content-Encoding")
                     if status != 200:
                         code = "not_found" if status == 404 else "unavailable"
                         raise MapUnavailable(f"GET {path} answered {status}", code=code)
-                    parts, size = [], 0
+                    reader = BodyReader(response.headers.get("Content-Encoding"), limit)
                     async for part in response.content.iter_any():
-                        size += len(part)
-                        if size > limit:
-                            raise MapUnavailable(f"GET {path} is over {limit} bytes")
-                        parts.append(part)
-                    raw = b"".join(parts)
+                        reader.feed(part)
+                    return reader.flush()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise MapUnavailable(f"GET {path} failed: {exc!r}") from exc
-        try:
-            decompressor = new_decompressor(coding, None, max_bytes=limit)
-            body = decompressor.feed(raw)
-            decompressor.flush()
+        except MapUnavailable:
+            raise
         except ProxyError as exc:
             raise MapUnavailable(f"GET {path}: {exc.message}") from exc
-        return body

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.decompressors import (
     DEFAULT_MAX_BYTES,
+    PIECE_BYTES,
     DecompressionError,
     StreamDecompressor,
     new_decompressor,
@@ -163,3 +164,30 @@ def test_a_stream_right_at_its_cap_decodes_whole(coding: str) -> None:
     out = b"".join(unpacker.feed(stream[i : i + 1000]) for i in range(0, len(stream), 1000))
     unpacker.flush()
     assert out == data
+
+
+@pytest.mark.parametrize("coding", CODINGS)
+def test_pieces_are_the_bytes_a_piece_at_a_time(coding: str) -> None:
+    # Output that comes out of little input (zeros), and that does not (random-looking bytes):
+    # either way no piece is much over PIECE_BYTES, and the pieces are the bytes.
+    data = bytes(8 * PIECE_BYTES) + bytes(range(256)) * 2000 + bytes(3 * PIECE_BYTES)
+    wire, _ = compressed(coding, [data])
+    for step in (len(wire), 1000):
+        unpacker = decompressor(coding)
+        pieces = [
+            piece
+            for at in range(0, len(wire), step)
+            for piece in unpacker.pieces(wire[at : at + step])
+        ]
+        unpacker.flush()
+        assert b"".join(pieces) == data
+        # brotli's output limit overshoots by half again; a zstd step holds up to 16 blocks.
+        largest = 16 * 128 * 1024 if coding == "zstd" else 2 * PIECE_BYTES
+        assert max(map(len, pieces)) <= (len(data) if coding == "identity" else largest)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+def test_a_piece_is_decoded_only_when_asked_for(coding: str) -> None:
+    bomb, _ = compressed(coding, [b"\x00" * (64 << 20)])
+    pieces = decompressor(coding).pieces(bomb)
+    assert len(next(pieces)) <= 2 * PIECE_BYTES  # and the other 64 MiB never exist

@@ -49,6 +49,7 @@ def negotiate(
     flush_frames: int = 32,
     zstd_dictionary: bool = True,
     codec_client: ClientVersion | None = CODEC_CLIENT,
+    uncompressed: bool = False,
 ) -> ContentCoding:
     return negotiate_coding(
         header,
@@ -57,6 +58,7 @@ def negotiate(
         flush_frames=flush_frames,
         zstd_dictionary=zstd_dictionary,
         codec_client=codec_client,
+        uncompressed=uncompressed,
         curve=curve,
     )
 
@@ -226,6 +228,14 @@ def test_nothing_acceptable_is_406(header: str) -> None:
         negotiate(header, zstd_dictionary=False)
     assert caught.value.status_hint == 406
     assert header in caught.value.message
+
+
+@pytest.mark.parametrize("header", ["zstd, br, gzip", "gzip;q=1, identity;q=0.1", "*"])
+def test_a_response_left_uncompressed_is_identity_whatever_is_offered(header: str) -> None:
+    assert negotiate(header, curve=ZSTD_SMALLEST, uncompressed=True) == "identity"
+    assert negotiate(header, curve=ZSTD_SMALLEST) != "identity"
+    with pytest.raises(NotAcceptable):
+        negotiate("gzip, identity;q=0", uncompressed=True)
 
 
 def test_zstd_withheld_from_a_generic_client_can_leave_nothing_acceptable() -> None:

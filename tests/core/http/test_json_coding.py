@@ -14,12 +14,14 @@ def kind(
     content_type: str | None = "application/json",
     content_encoding: str | None = None,
     cache_control: str | None = None,
+    request_cache_control: str | None = None,
 ) -> str | None:
     return compressible_json(
         status=status,
         content_type=content_type,
         content_encoding=content_encoding,
         cache_control=cache_control,
+        request_cache_control=request_cache_control,
     )
 
 
@@ -71,6 +73,9 @@ def test_an_upstream_coding_is_never_coded_again(
 )  # fmt: skip
 def test_no_transform_forbids_it(cache_control: str | None, expected: str | None) -> None:
     assert kind(cache_control=cache_control) == expected
+    # The client's own, on its request (RFC 9111 §5.2.1.6), whatever the response says.
+    assert kind(request_cache_control=cache_control) == expected
+    assert kind(cache_control="no-cache", request_cache_control=cache_control) == expected
 
 
 def names(headers: list[tuple[str, str]]) -> list[str]:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.http import negotiation
-from proxy.core.http.negotiation import (
-    PREFIXED_MSGPACK_MEDIA_TYPE,
-    accepted_media_types,
-    parse_qvalue,
-    wants_prefixed_msgpack,
-)
+from proxy.core.http.negotiation import accepted_media_types, parse_qvalue, wants_prefixed_msgpack
+from proxy.core.wire.formats import PREFIXED_MSGPACK_MEDIA_TYPE
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from proxy.core.compression.compressors import new_compressor
 from proxy.core.compression.decompressors import new_decompressor
-from proxy.core.render.body import RenderedBody, response_stream_format
+from proxy.core.render.body import RenderedBody
 from proxy.core.render.openai import Envelope, SseRenderer
 from proxy.core.render.turn import TextRules
 from proxy.core.verify.map_decoder import MapDecoder
@@ -179,21 +179,16 @@ def test_a_failure_from_outside(smollm2_map: MapDecoder) -> None:
     assert read["error"] == "connection reset"
 
 
-@pytest.mark.parametrize(
-    ("content_type", "header", "expected"),
-    [
-        ("application/x-msgpack", None, "msgpack"),
-        ("application/x-protobuf", None, "protobuf"),
-        ("Application/X-Protobuf; charset=binary", None, "protobuf"),
-        ("application/x-msgpack", "msgpack-delta", "msgpack-delta"),
-        ("application/x-protobuf", " Protobuf ", "protobuf"),
-        ("text/event-stream", None, None),
-        ("application/json", None, None),
-        (None, None, None),
-        ("application/x-msgpack", "protobuf-delta", None),
-    ],
-)
-def test_the_format_a_response_names(
-    content_type: str | None, header: str | None, expected: str | None
-) -> None:
-    assert response_stream_format(content_type, header) == expected
+def test_an_id_past_the_map_ends_the_answer_as_map_drift(smollm2_map: MapDecoder) -> None:
+    rendered = body_for(smollm2_map, "protobuf", "identity")
+    frames = [Frame((1, 2)), Frame((smollm2_map.vocab_size,)), Frame((), True, "length")]
+    read = summary(rendered.feed(wire(frames, "protobuf", "identity")))
+    assert read["error"] is not None
+    assert "follow another map" in read["error"]
+    assert read["finish"] is None
+    assert rendered.done
+    assert rendered.map_drift
+    fine = body_for(smollm2_map, "protobuf", "identity")
+    fine.feed(wire([Frame((1, 2), True, "length")], "protobuf", "identity"))
+    assert fine.done
+    assert not fine.map_drift

@@ -18,6 +18,7 @@ from openai.lib.streaming.chat._types import ParsedChatCompletionSnapshot
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from proxy.core.render import openai as openai_module
 from proxy.core.render.openai import CompletionRenderer, Envelope, SseRenderer
 from proxy.core.render.text import TextDecoder
 from proxy.core.render.turn import CONTENT, TextRules
@@ -313,3 +314,24 @@ def test_a_chat_answer_with_calls_and_no_text_has_null_content(smollm2_map: MapD
     }
     body = CompletionRenderer(smollm2_map, CHAT).feed([Frame((), True, "eos_token")])
     assert ChatCompletion.model_validate(orjson.loads(body)).choices[0].message.content == ""
+
+
+@given(text=st.text(max_size=60), slice_chars=st.integers(1, 8))
+def test_a_long_text_is_escaped_in_slices_to_the_same_json(text: str, slice_chars: int) -> None:
+    # orjson sets aside about 13 bytes a character for one string: a long text is escaped a
+    # slice at a time, quotes, controls and surrogate-free astral characters alike.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openai_module, "_ESCAPED_CHARS", slice_chars)
+        escaped = openai_module._json_text(text)
+        assert orjson.dumps({"text": escaped}) == orjson.dumps({"text": text})
+
+
+def test_a_frame_of_a_million_ids_renders_as_one_chunk(
+    smollm2_map: MapDecoder,
+) -> None:
+    hello = smollm2_map.table.index(b"Hello")
+    ids = (hello,) * 1_000_000
+    renderer = SseRenderer(smollm2_map, COMPLETIONS)
+    out = renderer.feed([Frame(ids), Frame((), True, "length")])
+    first = json.loads(out.split(b"\n\n")[0].removeprefix(b"data: "))
+    assert first["choices"][0]["text"] == "Hello" * 1_000_000

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
-from proxy.core.compression.decompressors import new_decompressor
-from proxy.core.render.ask import CodecAsk, codec_ask_for
-from proxy.core.render.response import RenderedResponseBody, backend_ids, envelope_for, renderer_for
+from proxy.core.client.answer import Frames
+from proxy.core.client.ask import CodecAsk, codec_ask_for
+from proxy.core.render.response import RenderedResponseBody
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.wire.frames import Frame
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -32,10 +30,8 @@ def ask_of(endpoint: str, **fields: Any) -> CodecAsk:
 
 
 def rendered_body(decoder: MapDecoder, ask: CodecAsk, coding: str = "gzip") -> RenderedResponseBody:
-    renderer = renderer_for(
-        ask, decoder, envelope=envelope_for(ask, "r1", 7), codec_token_source="backend"
-    )
-    return RenderedResponseBody(renderer, "protobuf", new_decompressor(coding))
+    answer = Frames("protobuf", "0" * 64, None, coding, "backend")
+    return RenderedResponseBody(answer.body(ask, decoder, None, request_id="r1", created=7))
 
 
 def is_ready(body: RenderedResponseBody) -> bool:
@@ -46,20 +42,6 @@ def is_ready(body: RenderedResponseBody) -> bool:
 def fed(body: RenderedResponseBody, data: bytes, step: int) -> list[bytes]:
     out = [body.feed(data[i : i + step], 0.0) for i in range(0, len(data), step)]
     return [*out, body.flush(0.0)]
-
-
-def test_the_envelope_is_the_clients() -> None:
-    chat = envelope_for(ask_of("chat"), "abc", 5)
-    assert (chat.id, chat.created, chat.model, chat.chat) == ("chatcmpl-abc", 5, "smollm2", True)
-    assert envelope_for(ask_of("completions"), "abc", 5).id == "cmpl-abc"
-
-
-@pytest.mark.parametrize(
-    ("header", "backend"),
-    [("backend", True), (" Backend ", True), ("retokenized", False), (None, False)],
-)
-def test_the_token_source_the_answer_names(header: str | None, backend: bool) -> None:
-    assert backend_ids(header) is backend
 
 
 def test_a_stream_starts_with_its_first_bytes_and_reads_as_the_frames(

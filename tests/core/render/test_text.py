@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.render import text as text_module
 from proxy.core.render.text import StopText, TextDecoder
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.tokenizers.vocabulary import Vocabulary
@@ -89,6 +90,18 @@ def test_a_character_waits_for_its_last_byte(smollm2_map: MapDecoder) -> None:
         assert "".join(pieces) == text
         assert text.startswith(pieces[0])
         assert pieces[0].encode() == bytes(text.encode()[:cut]).decode("utf-8", "ignore").encode()
+
+
+@given(data=st.data(), slice_ids=st.integers(1, 8))
+def test_a_frame_of_many_ids_renders_as_the_same_ids_whole(
+    smollm2_map: MapDecoder, data: st.DataObject, slice_ids: int
+) -> None:
+    # A frame longer than a slice is joined a slice at a time; slices a few IDs long put a
+    # boundary inside characters, special tokens and unknown IDs alike.
+    ids, _ = data.draw(id_streams(smollm2_map))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(text_module, "_SLICE", slice_ids)
+        assert "".join(render(smollm2_map, [ids])) == whole(smollm2_map, ids)
 
 
 def test_a_character_cut_at_the_end_is_one_replacement(smollm2_map: MapDecoder) -> None:

@@ -181,6 +181,31 @@ def test_a_body_without_a_terminal_frame_fails(
     assert turn.tokens == len(ids)
 
 
+def test_an_id_past_the_maps_vocabulary_fails_the_turn_after_the_text_before(
+    smollm2_map: MapDecoder, smollm2_vocabulary: Vocabulary
+) -> None:
+    ids = hello(smollm2_vocabulary)
+    size = smollm2_map.vocab_size
+    for beyond in (size, size + 1, 0xFFFFFFFF):
+        turn = TurnReader(smollm2_map, chat=True)
+        pieces = turn.feed([Frame(ids), Frame((*ids, beyond)), Frame(ids, True, "length")])
+        assert pieces[0] == "Hello world"  # the frames before it; never a replacement character
+        end = pieces[1]
+        assert isinstance(end, TurnEnd)
+        assert (end.finish_reason, end.map_drift) == (None, True)
+        assert end.error == (
+            f"the Codec stream's token ID {beyond} is past the {size} IDs of map "
+            f"{smollm2_map.name}: the server's IDs follow another map than the one it names"
+        )
+        assert len(pieces) == 2
+        assert turn.end == end
+    # An ID within the vocabulary that the map lists no bytes for is the map's own gap.
+    padded = MapDecoder(smollm2_map.table, smollm2_map.special, encoder="byte_level",
+                        vocab_size=size + 64)  # fmt: skip
+    pieces = TurnReader(padded, chat=False).feed([Frame((*ids, size), True, "length")])
+    assert pieces == ["Hello world\ufffd", TurnEnd("length")]
+
+
 def test_nothing_counts_after_the_end(
     smollm2_map: MapDecoder, smollm2_vocabulary: Vocabulary
 ) -> None:

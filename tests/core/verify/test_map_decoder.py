@@ -185,8 +185,27 @@ def test_a_lone_surrogate_is_text_nothing_matches(encoder: str) -> None:
         (b'{"vocab": {"a": 0}, "special_tokens": {"x": "1"}}', "special_tokens"),
         (b'{"vocab": {"a": 0}, "byte_fallback_start": 3}', "byte_fallback"),
         (b'{"vocab": {"a": 0}, "byte_fallback_start": 3, "byte_fallback_end": 300}', "256"),
+        (b'{"vocab": {"a": 0}, "vocab_size": 0}', "vocab_size"),
+        (b'{"vocab": {"a": 0}, "vocab_size": "8"}', "vocab_size"),
     ],
 )
 def test_what_is_not_a_map_is_refused(body: bytes, problem: str) -> None:
     with pytest.raises(TokenizerMapError, match=problem):
         MapDecoder.from_map(body)
+
+
+def test_the_vocabulary_size_a_map_states() -> None:
+    # codec-spec.md §7: valid IDs are 0 .. vocab_size - 1; a map may list fewer (padding).
+    decoder = MapDecoder.from_map(json.dumps(tiny(vocab={"a": 0, "b": 1})).encode())
+    assert (decoder.size, decoder.vocab_size) == (2, 8)
+    # Without one, one past the highest ID listed; below one it lists, that ID still counts.
+    unsized = {"id": "test/unsized", "vocab": {"a": 0, "b": 1}}
+    assert MapDecoder.from_map(json.dumps(unsized).encode()).vocab_size == 2
+    assert MapDecoder.from_map(json.dumps(tiny(vocab={"a": 20})).encode()).vocab_size == 21
+
+
+def test_a_map_is_named_by_its_id_and_digest() -> None:
+    document = tiny(vocab={"a": 0})
+    assert MapDecoder.from_document(document).name == "test/tiny"
+    named = MapDecoder.from_document(document, digest="ab" * 32)
+    assert named.name == f"test/tiny sha256:{'ab' * 32}"

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from proxy.core.wire import codec_pb2, codec_request, protowire
+from proxy.core.wire import codec_pb2, protowire
 from proxy.core.wire.codec_request import (
     DEFAULT_MAX_TOKENS,
     CodecRequestBody,
@@ -388,7 +388,7 @@ def test_packed_ids_decode_as_one_varint_at_a_time(
     with pytest.MonkeyPatch.context() as patch:
         # Windows and slices of a few bytes: every boundary falls inside some varint.
         patch.setattr(protowire, "SCAN_BYTES", scan)
-        patch.setattr(codec_request, "_PACKED_SLICE_BYTES", slice_bytes)
+        patch.setattr(protowire, "PACKED_SLICE_BYTES", slice_bytes)
         body = packed_field(region)
         limits = PromptLimits(2**32, 1000)
         if expected is None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import struct
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import FrozenInstanceError
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.errors import BadRequest
-from proxy.core.wire import codec_pb2
+from proxy.core.wire import codec_pb2, decoder
 from proxy.core.wire.decoder import DEFAULT_MAX_FRAME_BYTES, FrameDecodeError, FrameDecoder
 from proxy.core.wire.frames import (
     Frame,
@@ -51,6 +51,19 @@ def decode(
         frames += decoder.feed(chunk)
     decoder.flush()
     return frames
+
+
+# How a msgpack frame is unpacked: whole while small (the default), or a value at a time, as a
+# large one is; every frame decodes the same either way.
+UNPACKING = ["whole", "by-values"]
+
+
+@contextlib.contextmanager
+def unpacking(how: str) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        if how == "by-values":
+            patch.setattr(decoder, "_UNPACKED_WHOLE_BYTES", 0)
+        yield
 
 
 def generated_protobuf(frame: Frame) -> bytes:
@@ -268,13 +281,15 @@ def test_msgpack_is_the_reference_packing(frame: Frame) -> None:
     assert PREFIXED_MSGPACK.encode(frame) == prefixed(msgpack.packb(as_map))
 
 
+@pytest.mark.parametrize("how", UNPACKING)
 @pytest.mark.parametrize("encoder", ENCODERS, ids=["msgpack", "prefixed-msgpack", "protobuf"])
 @given(data=st.data(), frames=frame_streams())
 def test_round_trip_at_any_chunking(
-    encoder: FrameEncoder, data: st.DataObject, frames: list[Frame]
+    encoder: FrameEncoder, how: str, data: st.DataObject, frames: list[Frame]
 ) -> None:
     body = b"".join(encoder.encode(frame) for frame in frames)
-    assert decode(fmt(encoder), data.draw(chunkings(body))) == frames
+    with unpacking(how):
+        assert decode(fmt(encoder), data.draw(chunkings(body))) == frames
 
 
 @pytest.mark.parametrize("encoder", [MSGPACK, PROTOBUF], ids=["msgpack", "protobuf"])
@@ -297,9 +312,10 @@ def test_arbitrary_bytes_only_raise_frame_decode_errors(
 
 
 @given(frames=frame_streams(), data=st.data())
+@pytest.mark.parametrize("how", UNPACKING)
 @pytest.mark.parametrize("encoder", ENCODERS, ids=["msgpack", "prefixed-msgpack", "protobuf"])
 def test_mutated_streams_only_raise_frame_decode_errors(
-    encoder: FrameEncoder, frames: list[Frame], data: st.DataObject
+    encoder: FrameEncoder, how: str, frames: list[Frame], data: st.DataObject
 ) -> None:
     body = bytearray(b"".join(encoder.encode(frame) for frame in frames))
     for _ in range(data.draw(st.integers(1, 4))):
@@ -311,7 +327,7 @@ def test_mutated_streams_only_raise_frame_decode_errors(
             body[position] ^= data.draw(st.integers(1, 255))
         else:
             del body[position : position + data.draw(st.integers(1, 5))]
-    with contextlib.suppress(FrameDecodeError):
+    with unpacking(how), contextlib.suppress(FrameDecodeError):
         for frame in decode(fmt(encoder), data.draw(chunkings(bytes(body)))):
             assert all(0 <= i <= 0xFFFFFFFF for i in frame.ids)
 
@@ -323,12 +339,14 @@ def packed_map(value: Any) -> bytes:
     return bytes(msgpack.packb(value))
 
 
-def test_msgpack_decoder_ignores_unknown_keys_and_key_order() -> None:
+@pytest.mark.parametrize("how", UNPACKING)
+def test_msgpack_decoder_ignores_unknown_keys_and_key_order(how: str) -> None:
     tool_call = {"id": "call_1", "arguments_json": "{}", "name": "f", "index": 0}
     frame = {"done": True, "tool_calls": [tool_call], "x": 1, "ids": [7], "finish_reason": None}
-    assert decode("msgpack", [packed_map(frame)]) == [
-        Frame((7,), True, tool_calls=(ToolCall("f", "{}", "call_1"),))
-    ]
+    with unpacking(how):
+        assert decode("msgpack", [packed_map(frame)]) == [
+            Frame((7,), True, tool_calls=(ToolCall("f", "{}", "call_1"),))
+        ]
 
 
 def test_msgpack_frame_boundary_after_unknown_values_of_every_kind() -> None:
@@ -388,9 +406,10 @@ BAD_MSGPACK_FRAMES = {
 }
 
 
+@pytest.mark.parametrize("how", UNPACKING)
 @pytest.mark.parametrize("body", BAD_MSGPACK_FRAMES.values(), ids=BAD_MSGPACK_FRAMES.keys())
-def test_invalid_msgpack_frames(body: bytes) -> None:
-    with pytest.raises(FrameDecodeError) as info:
+def test_invalid_msgpack_frames(body: bytes, how: str) -> None:
+    with unpacking(how), pytest.raises(FrameDecodeError) as info:
         decode("msgpack", [body])
     assert info.value.status_hint == 400
 

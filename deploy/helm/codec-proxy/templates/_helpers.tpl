@@ -154,7 +154,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* Secret settings: a ConfigMap is readable by anyone who may read the namespace's
      ConfigMaps, so `config` refuses them (deploy/helm_schema.py leaves them out too). */}}
 {{- define "codec-proxy.secretSettings" -}}
-{{- list "codec_allow_keys" "codec_deny_keys" | toJson -}}
+{{- list "codec_allow_keys" "codec_deny_keys" "uncompressed_keys" | toJson -}}
 {{- end -}}
 
 {{/* The single-model values as values.yaml has them. Beside `models` they must stay so (or

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from proxy.core.render.assets import CodecAssets, CodecIntegrityError, dictionary_digest
+from proxy.core.client.assets import CodecAssets, CodecIntegrityError, dictionary_digest
 from proxy.maps.publish import publish
 from proxy.tokenizers.vocabulary import Vocabulary
 from tests.compression_support import shipped_dictionaries
@@ -29,6 +29,21 @@ def test_a_map_is_kept_by_the_digest_of_its_bytes(smollm2_vocabulary: Vocabulary
     with pytest.raises(CodecIntegrityError, match="hashes to"):
         assets.add_map(other, published.body)
     assert assets.map(other) is None
+    # The digest the caller computed as it read the bytes is the one checked.
+    with pytest.raises(CodecIntegrityError, match=f"hashes to sha256:{other}"):
+        CodecAssets().add_map(published.digest, published.body, sha256=other)
+    assert decoder.name == f"test/smollm2 sha256:{published.digest}"
+
+
+def test_a_forgotten_map_is_loaded_again(smollm2_vocabulary: Vocabulary) -> None:
+    published = publish(
+        smollm2_vocabulary.loaded, "test/smollm2", content=smollm2_vocabulary.map_content
+    )
+    assets = CodecAssets()
+    first = assets.add_map(published.digest, published.body)
+    assets.forget_map(published.digest)
+    assert assets.map(published.digest) is None
+    assert assets.add_map(published.digest, published.body) is not first
 
 
 @pytest.mark.parametrize("body", [b'{"encoder": "unknown"}', b"[1, 2]", b"<html>"])

@@ -1,7 +1,7 @@
-"""What a client of a Codec server decides, without I/O: which requests it asks Codec for, how,
-and when an answer means "repeat it as JSON". Two such clients share it: the OpenAI SDK
-transport (proxy/sdk/) and codec-proxy itself in front of a Codec server (`upstream_protocol =
-"codec"`, proxy/server/control/codec_upstream.py).
+"""Which requests a client of a Codec server asks Codec for, how, and which refusals mean
+"repeat it as JSON". Two such clients share it: the OpenAI SDK transport (proxy/sdk/) and
+codec-proxy itself in front of a Codec server (`upstream_protocol = "codec"`,
+proxy/server/control/codec_upstream.py); answer.py reads what comes back.
 
 A request is asked as Codec only when every byte of what the OpenAI client expects can come
 back from frames; anything else passes through untouched (docs/CLIENTS.md):
@@ -34,15 +34,18 @@ import orjson
 
 from proxy.core.http.access import CODEC_NOT_ENABLED
 from proxy.core.render.turn import TextRules
+from proxy.core.wire.formats import MEDIA_TYPES
 
 __all__ = [
     "CLIENT_VERSION",
     "DEFAULT_REMEMBER_SECONDS",
+    "REFUSAL_STATUSES",
     "CodecAsk",
     "Fallback",
     "RefusalMemory",
     "codec_ask",
     "codec_ask_for",
+    "codec_headers",
     "fallback_for",
 ]
 
@@ -55,8 +58,28 @@ Endpoint = Literal["completions", "chat"]
 
 # How long a refusal that names no time of its own keeps this client on JSON.
 DEFAULT_REMEMBER_SECONDS: Final = 300.0
-# The proxy's 503s that refuse Codec for a model while JSON is served (docs/ROLLOUT.md).
-_REFUSING_503: Final = frozenset({"tokenizer_mismatch", "verification_mismatch"})
+# The refusals of Codec a client answers by asking again as JSON (docs/ROLLOUT.md), by status:
+# the error codes that mean one (None: any error of that status), and whether `Retry-After`
+# says for how long. 403 `codec_not_enabled`: the rollout switches; 426: a version floor no
+# upgrade of this client would meet; 503: the proxy's tokenizer drift check or verification
+# refuses Codec for the model while JSON is served.
+_REFUSALS: Final[Mapping[int, tuple[frozenset[str] | None, bool]]] = {
+    403: (frozenset({CODEC_NOT_ENABLED}), False),
+    426: (None, False),
+    503: (frozenset({"tokenizer_mismatch", "verification_mismatch"}), True),
+}
+# The statuses whose body says whether they are one; any other error is the API's own answer.
+REFUSAL_STATUSES: Final = frozenset(_REFUSALS)
+
+
+def codec_headers(stream_format: str, accept_encoding: str) -> tuple[tuple[str, str], ...]:
+    """The headers that ask for Codec: the format's media type, the codings this client
+    decodes, the version it speaks."""
+    return (
+        ("Accept", MEDIA_TYPES[stream_format]),
+        ("Accept-Encoding", accept_encoding),
+        ("Codec-Client-Version", CLIENT_VERSION),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,22 +214,23 @@ def fallback_for(
     *,
     remember_seconds: float = DEFAULT_REMEMBER_SECONDS,
 ) -> Fallback | None:
-    """Whether an error answer to a Codec request means "ask again as JSON" (module docstring).
+    """Whether an error answer to a Codec request means "ask again as JSON" (`_REFUSALS`).
 
-    `headers` with lowercase names. Any other error is the API's own answer, and the SDK gets it
-    as it is: JSON would have met it too.
+    `headers` case-insensitive (httpx's, aiohttp's), or with lowercase names; `body` decoded.
+    Any other error is the API's own answer, and the client gets it as it is: JSON would have
+    met it too.
     """
-    if status == 403:
-        code = _error_code(body)
-        return Fallback(code, remember_seconds) if code == CODEC_NOT_ENABLED else None
-    if status == 426:
-        return Fallback(_error_code(body) or "codec_version_required", remember_seconds)
-    if status == 503:
-        code = _error_code(body)
-        if code is not None and code in _REFUSING_503:
-            seconds = _retry_after(headers)
-            return Fallback(code, remember_seconds if seconds is None else seconds)
-    return None
+    rule = _REFUSALS.get(status)
+    if rule is None:
+        return None
+    codes, timed = rule
+    code = _error_code(body)
+    if codes is not None and code not in codes:
+        return None
+    seconds = _retry_after(headers) if timed else None
+    # The 426 body names its error at the top, the proxy's `codec_version_required`.
+    reason = code or "codec_version_required"
+    return Fallback(reason, remember_seconds if seconds is None else seconds)
 
 
 class RefusalMemory:

@@ -10,12 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.render.ask import (
+from proxy.core.client.ask import (
+    CLIENT_VERSION,
+    REFUSAL_STATUSES,
     CodecAsk,
     Fallback,
     RefusalMemory,
     codec_ask,
     codec_ask_for,
+    codec_headers,
     fallback_for,
 )
 from proxy.core.render.turn import TextRules
@@ -193,7 +196,20 @@ def test_the_refusals_docs_rollout_names() -> None:
     assert fallback_for(503, {}, drift) == Fallback("tokenizer_mismatch", 300.0)
     assert fallback_for(503, {}, b'{"error": {"code": "overloaded"}}') is None
     for status in (400, 401, 404, 429, 500, 502):
+        assert status not in REFUSAL_STATUSES
         assert fallback_for(status, {}, refused) is None
+
+
+@pytest.mark.parametrize(
+    ("fmt", "media_type"),
+    [("protobuf", "application/x-protobuf"), ("msgpack", "application/x-msgpack")],
+)
+def test_the_headers_that_ask_for_codec(fmt: str, media_type: str) -> None:
+    assert codec_headers(fmt, "gzip") == (
+        ("Accept", media_type),
+        ("Accept-Encoding", "gzip"),
+        ("Codec-Client-Version", CLIENT_VERSION),
+    )
 
 
 def test_a_refusal_is_remembered_for_its_time_per_origin_and_model() -> None:
