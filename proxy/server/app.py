@@ -12,6 +12,7 @@ from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.endpoints import CHAT, CODEC_REQUEST_PATH, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
+from proxy.native import DATA_PATH
 from proxy.otlp import tracing_config
 from proxy.server.control import local, model_list, well_known
 from proxy.server.control.admin import ADMIN_APP, admin_app
@@ -114,6 +115,7 @@ def create_app(
     )
     app[LIVE] = LiveConfig(live)
     app[METRICS] = metrics = metrics or Metrics()
+    metrics.data_path.labels(DATA_PATH).set(1)
     metrics.prepare(model.name for model in served)
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = Readiness()

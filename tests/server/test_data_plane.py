@@ -28,6 +28,9 @@ from tests.otlp_receiver import OtlpReceiver
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
 from tests.server.support import post, wait_for
 
+# Each test on the Python path and, when built, the native steady path (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("data_path")
+
 EVENTS = 300
 PACE_SECONDS = 0.003  # apart enough that most events are a read of their own
 

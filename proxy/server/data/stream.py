@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from enum import Enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
@@ -45,12 +45,16 @@ from aiohttp.http_writer import StreamWriter
 from proxy.core.bodies import ResponseBody
 from proxy.core.errors import ProxyError, UpstreamUnavailable
 from proxy.core.http.framing import BodyFramer, Framing
+from proxy.core.steady.bodies import NativeBody, native_body
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.data.context import StreamContext
 from proxy.server.data.drain import is_shutdown
 from proxy.server.data.exchange import Exchange
 from proxy.server.data.upstream_protocol import UpstreamConnectionError
 from proxy.server.telemetry.histograms import LocalHistogram
+
+if TYPE_CHECKING:
+    from proxy.core.steady._steady import Step
 
 log = logging.getLogger("codec_proxy")
 
@@ -114,6 +118,7 @@ class ResponseStream:
         "_gaps",
         "_last_write",
         "_loop",
+        "_native",
         "_passes",
         "_pending_end",
         "_pending_error",
@@ -121,6 +126,7 @@ class ResponseStream:
         "_ready",
         "_rest",
         "_rest_bytes",
+        "_step",
         "_tail",
         "_timed",
         "_transport",
@@ -163,6 +169,9 @@ class ResponseStream:
         self._feed_seconds = 0.0
         self._feeds = 0
         self.bytes_out = 0
+        # The native step's binding to this body (proxy/core/steady), and the step once armed.
+        self._native: NativeBody | None = native_body(body)
+        self._step: Step | None = None
 
     # --- the upstream's body (BodySink) ----------------------------------------------------------
 
@@ -171,7 +180,11 @@ class ResponseStream:
             self._on_data_before_streaming(data)
             return
         # The steady path, once per upstream chunk: kept to one Python frame (the write and its
-        # accounting inline), since it runs for every token of every stream.
+        # accounting inline), since it runs for every token of every stream. With the native
+        # step armed, only the reads it declines come here.
+        native = self._native
+        if native is not None:
+            self._fold()
         try:
             if self._passes:
                 out = data
@@ -207,6 +220,9 @@ class ResponseStream:
             self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
+        finally:
+            if native is not None and self._phase is _Phase.STREAMING:
+                self._arm_native()
 
     def _on_data_before_streaming(self, data: bytes) -> None:
         try:
@@ -226,6 +242,7 @@ class ResponseStream:
             self._crashed(exc)
 
     def on_end(self) -> None:
+        self._fold()
         try:
             phase = self._phase
             if phase is _Phase.STREAMING:
@@ -242,6 +259,7 @@ class ResponseStream:
             self._crashed(exc)
 
     def on_error(self, exc: Exception) -> None:
+        self._fold()
         try:
             phase = self._phase
             if phase is _Phase.STREAMING:
@@ -287,6 +305,8 @@ class ResponseStream:
         """Feed until the body is ready. Raises `UpstreamUnavailable` or `UpstreamTimeout`
         (a clean 502/504: nothing has been sent)."""
         self._exchange.attach(self)
+        if self._native is not None:
+            self._exchange.want_native()
         if self._phase is _Phase.BEFORE:
             self._arm_deadline()
         await self._ready
@@ -388,6 +408,7 @@ class ResponseStream:
         if self._phase is _Phase.ENDED:
             return
         self._exchange.cancel()
+        self._fold()
         ending = self._body.fail("proxy shutting down", self._loop.time())
         self._context.record.outcome = "ended_by_shutdown"
         if ending is None:
@@ -412,6 +433,7 @@ class ResponseStream:
 
     def publish(self, encoding: str) -> None:
         """The stream's accounting, once, at its end."""
+        self._fold()
         context = self._context
         metrics = context.metrics
         context.record.bytes_out += self.bytes_out
@@ -422,6 +444,8 @@ class ResponseStream:
             metrics.overhead.labels(context.mode, context.model).observe(
                 self._feed_seconds / self._feeds
             )
+        if self._step is not None and self._step.steady_reads:
+            metrics.native_reads.labels(context.mode).inc(self._step.steady_reads)
 
     # --- internal --------------------------------------------------------------------------------
 
@@ -462,11 +486,43 @@ class ResponseStream:
             self._end_whole(b"")
         else:
             self._arm_deadline()
+            if self._native is not None:
+                self._arm_native()
             client = self._client
             if self._rest_bytes > _READY_BUFFER_BYTES and not (
                 client is not None and client.writing_paused
             ):
                 self._exchange.resume_reading()
+
+    def _arm_native(self) -> None:
+        """Hand the next reads to the native step if the body is steady now (after its first
+        frame, and again after each read it declined)."""
+        native = self._native
+        if native is None or self._last_write is None:
+            return
+        if native.hopeless:
+            self._fold()
+            self._native = None
+            return
+        step = self._exchange.steady
+        if step is None:
+            return  # not at a chunk boundary yet: after the next read
+        armed = native.arm(step, self._last_write, self._loop.time, self._gaps.bounds)
+        if armed and self._step is None:
+            self._step = step
+            self._exchange.steady_to(self._transport_write)
+
+    def _fold(self) -> None:
+        """What the step wrote and counted, into this stream and its body's objects: before
+        any of them is used again."""
+        native, step = self._native, self._step
+        if native is None or step is None:
+            return
+        writes = native.fold(step)
+        if writes.bytes_out:
+            self.bytes_out += writes.bytes_out
+            self._gaps.add(writes.gap_counts, writes.gap_sum)
+            self._last_write = writes.last_write
 
     def _write(self, data: bytes) -> None:
         """Write body bytes outside the steady path (a flush deadline), framed and accounted
@@ -537,6 +593,7 @@ class ResponseStream:
     def _failed(self, failure: ProxyError) -> None:
         """What the body found wrong with the upstream's bytes (a protocol error, a lone
         surrogate, an event too large): an upstream failure, never the proxy's bug."""
+        self._fold()
         try:
             if self._phase is _Phase.STREAMING:
                 self._upstream_failed(failure)
@@ -566,6 +623,7 @@ class ResponseStream:
     def _crashed(self, exc: Exception) -> None:
         """A bug in a callback: logged with the request, and the stream ended the way an
         upstream failure would end it (asyncio would only log it and drop the connection)."""
+        self._fold()
         record = self._context.record
         log.error("stream of request %s failed", record.id, exc_info=exc)
         record.outcome = "internal_error"
