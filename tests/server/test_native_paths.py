@@ -11,6 +11,7 @@ from proxy.server.data.drain import LIFECYCLE
 from proxy.server.telemetry.metrics import METRICS
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient, app_of
+from tests.server.raw_http import Connect
 from tests.server.support import frames_of, ids_of, post, wait_for
 from tests.server.test_token_ids import captured_ids
 
@@ -79,3 +80,24 @@ def test_the_native_path_is_built_unless_switched_off() -> None:
     from proxy.core.steady import disabled
 
     assert (NATIVE is None) == disabled()
+
+
+@pytest.mark.parametrize("name", STEADY)
+async def test_an_http_1_0_client_gets_the_body_unframed_on_each_path(
+    proxy: ProxyClient, upstream: FakeUpstream, connect: Connect, data_path: str, name: str
+) -> None:
+    # No chunked coding for HTTP/1.0 (RFC 9112 §7.1): the body ends with the connection, and
+    # the step, which frames chunks, is not armed for it.
+    capture = load_capture(name)
+    upstream.script = Script(capture, delay=0.003)
+    body = b'{"prompt": "x", "stream": true}'
+    connection = await connect(proxy)
+    await connection.send(
+        b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    await connection.until_closed()
+    head, _, raw = connection.transcript.partition(b"\r\n\r\n")
+    assert head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200"))
+    assert b"transfer-encoding" not in head.lower()
+    assert raw == capture.body

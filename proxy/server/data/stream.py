@@ -498,8 +498,8 @@ class ResponseStream:
         """Hand the next reads to the native step if the body is steady now (after its first
         frame, and again after each read it declined)."""
         native = self._native
-        if native is None or self._last_write is None:
-            return
+        if native is None or self._last_write is None or not self._chunked:
+            return  # the step writes chunks; an HTTP/1.0 client or a HEAD answer gets none
         if native.hopeless:
             self._fold()
             self._native = None
