@@ -305,7 +305,10 @@ class ResponseStream:
         """Feed until the body is ready. Raises `UpstreamUnavailable` or `UpstreamTimeout`
         (a clean 502/504: nothing has been sent)."""
         self._exchange.attach(self)
-        if self._native is not None:
+        native = self._native
+        if native is not None and native.hopeless:
+            self._native = None  # e.g. retokenized: its first read decided so; llhttp's
+        elif native is not None:
             self._exchange.want_native()
         if self._phase is _Phase.BEFORE:
             self._arm_deadline()
