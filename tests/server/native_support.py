@@ -19,6 +19,7 @@ from typing import Any
 from proxy.core.bodies import CodecBody, ResponseBody
 from proxy.core.compression.body_writer import IDENTITY_FLUSH, BodyWriter
 from proxy.core.compression.compressors import new_compressor
+from proxy.core.compression.flush import FlushConfig
 from proxy.core.guard import StreamGuard
 from proxy.core.http.versioning import V0_4
 from proxy.core.steady.bodies import NativeBody, native_body
@@ -30,7 +31,7 @@ from proxy.server.data.upstream_protocol import UpstreamConnection
 from proxy.tokenizers.vocabulary import Vocabulary
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-FORMATS = ("msgpack", "msgpack-delta", "protobuf", "prefixed")
+FORMATS = ("msgpack", "msgpack-delta", "protobuf", "prefixed", "msgpack+gzip", "msgpack-delta+br")
 FIRST_READ_SLICE = 4096  # stream.py's
 MAX_EVENT_BYTES = 1 << 20
 INF = float("inf")
@@ -70,8 +71,13 @@ def codec_body(
         token_ids=token_ids,
         token_bytes=vocabulary.token_bytes,
     )
-    encoder = PrefixedMsgpackFrameEncoder() if fmt == "prefixed" else encoder_for(fmt)
-    writer = BodyWriter(encoder, new_compressor("identity", None), IDENTITY_FLUSH)
+    name, _, coding = fmt.partition("+")
+    encoder = PrefixedMsgpackFrameEncoder() if name == "prefixed" else encoder_for(name)
+    if coding:  # a compressed body: frames wait for a window of 16 (no time passes here)
+        flush = FlushConfig(interval_ms=50, max_frames=16)
+        writer = BodyWriter(encoder, new_compressor(coding, None), flush)  # type: ignore[arg-type]
+    else:
+        writer = BodyWriter(encoder, new_compressor("identity", None), IDENTITY_FLUSH)
     return CodecBody(StreamGuard(transcoder, V0_4), writer)
 
 
@@ -164,7 +170,11 @@ class Mirror:
         armed = step is not None and native.arm(step, self.last_write, self.time, (0.5, INF))
         if armed and self.step is None:
             self.step = step
-            self.conn.steady_to(self.wire.append)
+            self.conn.steady_to(self.on_ids if native.hands_ids else self.wire.append)
+
+    def on_ids(self, ids: tuple[int, ...]) -> None:
+        assert self.native is not None
+        self._write(self.native.frame(ids, 0.0))
 
     def _fold(self) -> None:
         if self.native is None or self.step is None:

@@ -57,7 +57,7 @@ CAPTURES = [
 ]
 # How many streams each fuzz test runs (FUZZ_STREAMS raises it for a longer run, e.g. under
 # the sanitizers: tests/server/test_native_sanitized.py).
-STREAMS = int(os.environ.get("FUZZ_STREAMS", "60"))
+STREAMS = int(os.environ.get("FUZZ_STREAMS", "40"))
 
 
 def long_events(vocabulary: Vocabulary, rng: random.Random, *, chat: bool) -> list[bytes]:

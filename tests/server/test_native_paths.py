@@ -15,7 +15,6 @@ from tests.server.raw_http import Connect
 from tests.server.support import frames_of, ids_of, post, wait_for
 from tests.server.test_token_ids import captured_ids
 
-IDENTITY = {"Accept-Encoding": "identity"}
 # Captures whose every token's IDs render its text (each read after the first is steady).
 STEADY = ["vllm-completions-token-ids.txt", "llamacpp-completions-logprobs.txt"]
 
@@ -32,19 +31,31 @@ def native_reads(proxy: ProxyClient, mode: str) -> float:
     return value or 0.0
 
 
-@pytest.mark.parametrize("fmt", ["msgpack", "msgpack-delta", "protobuf"])
+@pytest.mark.parametrize(
+    ("fmt", "coding"),
+    [("msgpack", "identity"), ("msgpack-delta", "identity"), ("protobuf", "identity"),
+     ("msgpack", "gzip"), ("msgpack-delta", "gzip")],
+)  # fmt: skip
 @pytest.mark.parametrize("name", STEADY)
 async def test_backend_ids_are_the_same_on_each_path(
-    make_proxy: MakeProxy, upstream: FakeUpstream, data_path: str, name: str, fmt: str
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    data_path: str,
+    name: str,
+    fmt: str,
+    coding: str,
 ) -> None:
     # One event per write, a little apart: most reads hold one event, as from a backend.
     upstream.script = Script(load_capture(name), delay=0.003)
     proxy = await make_proxy(token_ids="auto")
     body = {"prompt": "x", "max_tokens": 16, "stream_format": fmt}
-    # identity: a compressed body's frames wait for their flush window, which needs Python
-    status, headers, raw = await post(proxy, "/v1/completions", json=body, headers=IDENTITY)
+    # (aiohttp's client undoes the gzip)
+    status, headers, raw = await post(
+        proxy, "/v1/completions", json=body, headers={"Accept-Encoding": coding}
+    )
     assert status == 200
     assert headers["Codec-Token-Source"] == "backend"
+    assert headers.get("Content-Encoding", "identity") == coding
     frames = frames_of(raw, fmt)  # type: ignore[arg-type]
     assert ids_of(frames) == captured_ids(name)
     assert sum(frame.done for frame in frames) == 1

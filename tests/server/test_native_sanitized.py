@@ -22,7 +22,7 @@ from proxy.native import SOURCE
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="built without the native steady path")
 
 ROOT = Path(__file__).resolve().parents[2]
-SANITIZED_STREAMS = "25"
+SANITIZED_STREAMS = "15"
 # The sanitized module is loaded under the real one's name before anything imports it.
 RUNNER = """
 import importlib.util, sys

@@ -160,7 +160,8 @@ static PyTypeObject VocabType = {
 
 /* --- the step ----------------------------------------------------------------------------- */
 
-enum { OUT_OFF = 0, OUT_RELAY = 1, OUT_CODEC = 2 };
+/* OUT_IDS: the read's IDs as a tuple, for a Python writer that compresses them on its schedule */
+enum { OUT_OFF = 0, OUT_RELAY = 1, OUT_CODEC = 2, OUT_IDS = 3 };
 enum { CH_SIZE = 0, CH_DATA = 1, CH_CR = 2, CH_LF = 3 };
 enum { FMT_MSGPACK = 0, FMT_MSGPACK_DELTA = 1, FMT_PROTOBUF = 2, FMT_PREFIXED_MSGPACK = 3 };
 
@@ -1138,6 +1139,20 @@ static PyObject *codec_step(StepObject *s, const uint8_t *body, size_t body_len)
     s->tokens += (long long)s->ids_len;
     s->text_bytes += (long long)s->text.len;
     s->steady_reads++;
+    if (s->output == OUT_IDS) {
+        PyObject *ids = PyTuple_New((Py_ssize_t)s->ids_len);
+        if (ids == NULL)
+            return NULL;
+        for (size_t i = 0; i < s->ids_len; i++) {
+            PyObject *id = PyLong_FromUnsignedLong(s->ids[i]);
+            if (id == NULL) {
+                Py_DECREF(ids);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(ids, (Py_ssize_t)i, id);
+        }
+        return ids;
+    }
     if (s->ids_len == 0)
         return PyBytes_FromStringAndSize(NULL, 0);
     s->out.len = 0;
@@ -1174,7 +1189,7 @@ static PyObject *decline(StepObject *s, const uint8_t *body, size_t body_len, Py
             return NULL;
     }
     Py_XSETREF(s->declined_rest, rest);
-    if (s->output == OUT_CODEC)
+    if (s->output == OUT_CODEC || s->output == OUT_IDS)
         s->output = OUT_OFF; /* until the Python objects are steady again (arm) */
     Py_RETURN_NONE;
 }
@@ -1324,15 +1339,16 @@ static PyObject *Step_relay(StepObject *s, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *Step_codec(StepObject *s, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"vocab",  "format",     "chat",  "max_event",
-                             "base",   "last_write", "clock", "bounds",   NULL};
+    static char *kwlist[] = {"vocab", "format",     "chat",  "max_event", "base",
+                             "last_write", "clock", "bounds", "ids_only",  NULL};
     PyObject *vocab, *clock, *bounds;
-    int format, chat;
+    int format, chat, ids_only = 0;
     Py_ssize_t max_event;
     unsigned long base;
     double last;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!ipnkdOO", kwlist, &VocabType, &vocab,
-                                     &format, &chat, &max_event, &base, &last, &clock, &bounds))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!ipnkdOO|p", kwlist, &VocabType, &vocab,
+                                     &format, &chat, &max_event, &base, &last, &clock, &bounds,
+                                     &ids_only))
         return NULL;
     if (format < FMT_MSGPACK || format > FMT_PREFIXED_MSGPACK || base > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "unknown format or base");
@@ -1346,7 +1362,7 @@ static PyObject *Step_codec(StepObject *s, PyObject *args, PyObject *kwds) {
     s->chat = chat;
     s->max_event = max_event;
     s->base = (uint32_t)base;
-    s->output = OUT_CODEC;
+    s->output = ids_only ? OUT_IDS : OUT_CODEC;
     Py_RETURN_NONE;
 }
 
@@ -1413,7 +1429,7 @@ static PyGetSetDef Step_getset[] = {
     {"steady_reads", (getter)Step_get_steady, NULL, "reads handled natively", NULL},
     {"malformed", (getter)Step_get_malformed, NULL, "the rest starts where CRLF was due", NULL},
     {"held", (getter)Step_get_held, NULL, "bytes of a partial event held", NULL},
-    {"output", (getter)Step_get_output, NULL, "0 off, 1 relay, 2 codec", NULL},
+    {"output", (getter)Step_get_output, NULL, "0 off, 1 relay, 2 codec, 3 IDs", NULL},
     {NULL},
 };
 

@@ -2,16 +2,17 @@
 
 The step (`_steady.c`) is armed for one body when that body is plainly steady, and from then
 on takes whole upstream reads: `NativeRelay` for pass-through, `NativeCodec` for a Codec body
-whose IDs come from the backend, written as they come (no compression, no verification, no
-safety policy). What it counts while it serves (tokens, text bytes, the msgpack-delta base, the
-bytes and gaps of its writes) is *folded* into the Python objects before any of them is used
-again: before a declined read is fed to the body, and before the body is flushed or failed.
-After a Python feed, `arm` checks the objects are back in a steady state before the step takes
-the next read.
+whose IDs come from the backend (no verification, no safety policy): framed and written by the
+step, or, for a compressed body, handed as IDs to its writer, which keeps its flush schedule.
+What the step counts while it serves (tokens, text bytes, the msgpack-delta base, the bytes and
+gaps of its writes) is *folded* into the Python objects before any of them is used again:
+before a declined read is fed to the body, and before the body is flushed or failed. After a
+Python feed, `arm` checks the objects are back in a steady state before the step takes the
+next read.
 
 This module reads and writes the state of the objects whose steady reads the step takes over
 (the transcoder, its SSE decoder and ID source, the guard, the writer's encoder); the
-differential fuzz (tests/core/steady/test_differential.py) holds the two paths to the same
+differential fuzz (tests/server/test_native_differential.py) holds the two paths to the same
 client bytes, outcome and counters.
 """
 
@@ -29,6 +30,7 @@ from proxy.core.stream.retokenizer import RetokenizerScheme
 from proxy.core.stream.token_source import ReportedIds, RetokenizedIds
 from proxy.core.stream.transcode import ChunkParser, CodecTranscoder
 from proxy.core.wire.frames import (
+    Frame,
     MsgpackDeltaFrameEncoder,
     MsgpackFrameEncoder,
     PrefixedMsgpackFrameEncoder,
@@ -60,9 +62,15 @@ class Writes:
 
 
 class NativeBody(Protocol):
+    # The step hands each steady read's IDs (`frame` makes the bytes) instead of bytes to write.
+    hands_ids: bool
+
     @property
     def hopeless(self) -> bool:
         """The step can never serve this body again (its kind of work needs Python)."""
+
+    def frame(self, ids: tuple[int, ...], now: float) -> bytes:
+        """A steady read's IDs through the body's writer (`hands_ids`): the bytes to send."""
 
     def arm(
         self, step: Step, last_write: float, clock: Callable[[], float], bounds: Sequence[float]
@@ -78,6 +86,10 @@ class NativeRelay:
     __slots__ = ()
 
     hopeless = False
+    hands_ids = False
+
+    def frame(self, ids: tuple[int, ...], now: float) -> bytes:
+        raise TypeError("a relayed body's reads are bytes")
 
     def arm(
         self, step: Step, last_write: float, clock: Callable[[], float], bounds: Sequence[float]
@@ -91,9 +103,11 @@ class NativeRelay:
 
 
 class NativeCodec:
-    """A Codec body's reads whose every event is a steady chunk: one frame per read."""
+    """A Codec body's reads whose every event is a steady chunk: one frame per read, written
+    by the step; or, for a writer with a flush schedule (a compressed body), the read's IDs,
+    framed, merged and compressed by that writer (`hands_ids`)."""
 
-    __slots__ = ("_body", "_chat", "_format", "_guard", "_transcoder", "_vocab")
+    __slots__ = ("_body", "_chat", "_format", "_guard", "_transcoder", "_vocab", "hands_ids")
 
     def __init__(
         self,
@@ -110,6 +124,7 @@ class NativeCodec:
         self._chat = chat
         self._format = format
         self._vocab = vocab
+        self.hands_ids = not body._writer.plain
 
     @property
     def hopeless(self) -> bool:
@@ -134,8 +149,13 @@ class NativeCodec:
             last_write,
             clock,
             bounds,
+            ids_only=self.hands_ids,
         )
         return True
+
+    def frame(self, ids: tuple[int, ...], now: float) -> bytes:
+        # CodecBody.feed's steady case: the guard passes a non-terminal frame as it is.
+        return self._body._writer.feed([Frame(ids)], now) if ids else b""
 
     def _steady(self, transcoder: CodecTranscoder, source: ReportedIds) -> bool:
         # What the step assumes of each read: a stream past its first frame with nothing
@@ -167,8 +187,8 @@ class NativeCodec:
             if isinstance(source, ReportedIds):
                 source._ids._base += text_bytes
             encoder = self._body._writer.encoder
-            if tokens and isinstance(encoder, MsgpackDeltaFrameEncoder):
-                encoder._base = base
+            if tokens and not self.hands_ids and isinstance(encoder, MsgpackDeltaFrameEncoder):
+                encoder._base = base  # the step encoded; with `hands_ids` the writer did
         return Writes(bytes_out, counts, total, last)
 
 
@@ -189,7 +209,6 @@ def native_body(body: ResponseBody) -> NativeBody | None:
         or guard._policed is not None
         or type(transcoder) is not CodecTranscoder
         or transcoder.on_text is not None
-        or not writer.plain
     ):
         return None
     chat = _CHAT.get(transcoder._parse)

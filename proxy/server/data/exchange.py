@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from multidict import CIMultiDictProxy
 
@@ -120,7 +120,7 @@ class Exchange:
     def want_native(self) -> None:
         self._conn.want_native()
 
-    def steady_to(self, write: Callable[[bytes], object]) -> None:
+    def steady_to(self, write: Callable[[Any], object]) -> None:
         self._conn.steady_to(write)
 
     def detach(self) -> None:

@@ -513,7 +513,28 @@ class ResponseStream:
         armed = native.arm(step, self._last_write, self._loop.time, self._gaps.bounds)
         if armed and self._step is None:
             self._step = step
-            self._exchange.steady_to(self._transport_write)
+            self._exchange.steady_to(
+                self._native_ids if native.hands_ids else self._transport_write
+            )
+
+    def _native_ids(self, ids: tuple[int, ...]) -> None:
+        """A steady read's IDs from the step, for a body whose writer keeps a flush schedule:
+        what `on_data` does with what the body returns."""
+        native = self._native
+        if native is None:
+            return
+        try:
+            out = native.frame(ids, self._loop.time())
+            if not out:
+                if self._deadline_timer is None:
+                    self._arm_deadline()  # frames wait for their flush window
+                return
+            self._transport_write(b"%x\r\n%b\r\n" % (len(out), out))
+            self._accounted(len(out))
+        except ProxyError as failure:
+            self._failed(failure)
+        except Exception as exc:
+            self._crashed(exc)
 
     def _fold(self) -> None:
         """What the step wrote and counted, into this stream and its body's objects: before

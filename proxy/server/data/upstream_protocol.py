@@ -28,7 +28,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -184,7 +184,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._plain_chunked = False
         self._at_boundary = False
         self._steady: Step | None = None
-        self._steady_write: Callable[[bytes], object] | None = None
+        # Where the step's output goes: bytes for the client, or a read's IDs for a body that
+        # frames them itself, as the sink armed it.
+        self._steady_write: Callable[[Any], object] | None = None
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -384,7 +386,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._at_boundary:
             self._take_over()
 
-    def steady_to(self, write: Callable[[bytes], object]) -> None:
+    def steady_to(self, write: Callable[[Any], object]) -> None:
         """Where the step's bytes go, for the sink attached (armed by it)."""
         self._steady_write = write
 
