@@ -8,7 +8,11 @@ each upstream chunk goes
     transport `write`
 
 inside the one read callback: no coroutine is resumed and no task switches per event. The
-handler's task waits on one future for the whole stream and wakes once, at its end.
+handler's task waits on one future for the whole stream and wakes once, at its end. Once the
+response has started and the body is steady, the native step (proxy/core/steady) takes such a
+read whole in the upstream connection's `data_received` and writes what it makes itself;
+`on_data` then sees only the reads it declines, after its counters are folded back (`_fold`),
+and arms it again (`_arm_native`).
 
 * **Before the response starts** the body is fed until it is `ready` (its status and headers
   can be decided; the first read fed a few KiB at a time so the first frame is not held up by
@@ -596,6 +600,7 @@ class ResponseStream:
 
     def _deadline_passed(self) -> None:
         self._deadline_timer = None
+        self._fold()
         try:
             now = self._loop.time()
             if self._phase is _Phase.STREAMING:
