@@ -170,11 +170,15 @@ class Mirror:
         armed = step is not None and native.arm(step, self.last_write, self.time, (0.5, INF))
         if armed and self.step is None:
             self.step = step
-            self.conn.steady_to(self.on_ids if native.hands_ids else self.wire.append)
+            self.conn.steady_to(self.on_made if native.hands else self.wire.append)
 
-    def on_ids(self, ids: tuple[int, ...]) -> None:
+    def on_made(self, handed: tuple[int, ...] | str) -> None:
         assert self.native is not None
-        self._write(self.native.frame(ids, 0.0))
+        out = self.native.made(handed, 0.0)
+        if self.body.done:
+            self._end(out, "complete")
+        else:
+            self._write(out)
 
     def _fold(self) -> None:
         if self.native is None or self.step is None:

@@ -9,6 +9,7 @@ import pytest
 from proxy.core.steady import NATIVE
 from proxy.server.data.drain import LIFECYCLE
 from proxy.server.telemetry.metrics import METRICS
+from proxy.tokenizers.vocabulary import Vocabulary
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.server.conftest import MakeProxy, ProxyClient, app_of
 from tests.server.raw_http import Connect
@@ -112,3 +113,32 @@ async def test_an_http_1_0_client_gets_the_body_unframed_on_each_path(
     assert head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200"))
     assert b"transfer-encoding" not in head.lower()
     assert raw == capture.body
+
+
+@pytest.mark.parametrize("coding", ["identity", "gzip"])
+async def test_retokenized_ids_are_the_same_on_each_path(
+    make_proxy: MakeProxy,
+    upstream: FakeUpstream,
+    smollm2_vocabulary: Vocabulary,
+    data_path: str,
+    coding: str,
+) -> None:
+    # The step hands each steady read's text to the retokenizer, whose IDs do not depend on
+    # how the text was cut: the whole text's, as encoding it at once gives them.
+    capture = load_capture("llamacpp-completions-sample.txt")
+    upstream.script = Script(capture, delay=0.003)
+    proxy = await make_proxy(token_ids="retokenize")
+    body = {"prompt": "x", "max_tokens": 16, "stream_format": "msgpack"}
+    status, headers, raw = await post(
+        proxy, "/v1/completions", json=body, headers={"Accept-Encoding": coding}
+    )
+    assert status == 200
+    assert headers["Codec-Token-Source"] == "retokenized"
+    expected = smollm2_vocabulary.scheme.encode_exactly(capture.stream_text(), at_start=True)
+    assert ids_of(frames_of(raw, "msgpack")) == expected
+    await wait_for(lambda: proxy_done(proxy))
+    steady = native_reads(proxy, "codec")
+    if data_path == "native":
+        assert steady >= len(capture.events) // 2
+    else:
+        assert steady == 0

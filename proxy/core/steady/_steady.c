@@ -160,8 +160,9 @@ static PyTypeObject VocabType = {
 
 /* --- the step ----------------------------------------------------------------------------- */
 
-/* OUT_IDS: the read's IDs as a tuple, for a Python writer that compresses them on its schedule */
-enum { OUT_OFF = 0, OUT_RELAY = 1, OUT_CODEC = 2, OUT_IDS = 3 };
+/* OUT_IDS: the read's IDs as a tuple, for a Python writer that compresses them on its schedule.
+ * OUT_TEXT: the read's text as a str, for the Python retokenizer (the IDs are not the backend's). */
+enum { OUT_OFF = 0, OUT_RELAY = 1, OUT_CODEC = 2, OUT_IDS = 3, OUT_TEXT = 4 };
 enum { CH_SIZE = 0, CH_DATA = 1, CH_CR = 2, CH_LF = 3 };
 enum { FMT_MSGPACK = 0, FMT_MSGPACK_DELTA = 1, FMT_PROTOBUF = 2, FMT_PREFIXED_MSGPACK = 3 };
 
@@ -1119,8 +1120,16 @@ static PyObject *codec_step(StepObject *s, const uint8_t *body, size_t body_len)
         int r = scan_event(s, payload, q);
         if (r < 0)
             return NULL;
-        if (r > 0 || ids_render_text(s, ids_from, text_from) != 0)
+        if (r > 0)
             return Py_None;
+        if (s->output == OUT_TEXT) {
+            /* The transcoder's own check before its ID source sees the text. */
+            for (size_t i = text_from; i < s->text.len; i++)
+                if (s->vocab->unspellable[s->text.data[i]])
+                    return Py_None;
+        } else if (ids_render_text(s, ids_from, text_from) != 0) {
+            return Py_None;
+        }
         p = next;
     }
     /* What is left is one partial event with no line end yet, or the read is declined. */
@@ -1136,9 +1145,11 @@ static PyObject *codec_step(StepObject *s, const uint8_t *body, size_t body_len)
     } else if (buf_put(&s->held, p, tail) < 0) {
         return NULL;
     }
+    s->steady_reads++;
+    if (s->output == OUT_TEXT) /* the retokenizer counts what it makes */
+        return PyUnicode_DecodeUTF8((const char *)s->text.data, (Py_ssize_t)s->text.len, "strict");
     s->tokens += (long long)s->ids_len;
     s->text_bytes += (long long)s->text.len;
-    s->steady_reads++;
     if (s->output == OUT_IDS) {
         PyObject *ids = PyTuple_New((Py_ssize_t)s->ids_len);
         if (ids == NULL)
@@ -1189,7 +1200,7 @@ static PyObject *decline(StepObject *s, const uint8_t *body, size_t body_len, Py
             return NULL;
     }
     Py_XSETREF(s->declined_rest, rest);
-    if (s->output == OUT_CODEC || s->output == OUT_IDS)
+    if (s->output >= OUT_CODEC)
         s->output = OUT_OFF; /* until the Python objects are steady again (arm) */
     Py_RETURN_NONE;
 }
@@ -1340,15 +1351,15 @@ static PyObject *Step_relay(StepObject *s, PyObject *args, PyObject *kwds) {
 
 static PyObject *Step_codec(StepObject *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"vocab", "format",     "chat",  "max_event", "base",
-                             "last_write", "clock", "bounds", "ids_only",  NULL};
+                             "last_write", "clock", "bounds", "ids_only",  "text_only", NULL};
     PyObject *vocab, *clock, *bounds;
-    int format, chat, ids_only = 0;
+    int format, chat, ids_only = 0, text_only = 0;
     Py_ssize_t max_event;
     unsigned long base;
     double last;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!ipnkdOO|p", kwlist, &VocabType, &vocab,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!ipnkdOO|pp", kwlist, &VocabType, &vocab,
                                      &format, &chat, &max_event, &base, &last, &clock, &bounds,
-                                     &ids_only))
+                                     &ids_only, &text_only))
         return NULL;
     if (format < FMT_MSGPACK || format > FMT_PREFIXED_MSGPACK || base > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "unknown format or base");
@@ -1362,7 +1373,7 @@ static PyObject *Step_codec(StepObject *s, PyObject *args, PyObject *kwds) {
     s->chat = chat;
     s->max_event = max_event;
     s->base = (uint32_t)base;
-    s->output = ids_only ? OUT_IDS : OUT_CODEC;
+    s->output = text_only ? OUT_TEXT : ids_only ? OUT_IDS : OUT_CODEC;
     Py_RETURN_NONE;
 }
 
@@ -1429,7 +1440,7 @@ static PyGetSetDef Step_getset[] = {
     {"steady_reads", (getter)Step_get_steady, NULL, "reads handled natively", NULL},
     {"malformed", (getter)Step_get_malformed, NULL, "the rest starts where CRLF was due", NULL},
     {"held", (getter)Step_get_held, NULL, "bytes of a partial event held", NULL},
-    {"output", (getter)Step_get_output, NULL, "0 off, 1 relay, 2 codec, 3 IDs", NULL},
+    {"output", (getter)Step_get_output, NULL, "0 off, 1 relay, 2 codec, 3 IDs, 4 text", NULL},
     {NULL},
 };
 

@@ -2,8 +2,9 @@
 
 The step (`_steady.c`) is armed for one body when that body is plainly steady, and from then
 on takes whole upstream reads: `NativeRelay` for pass-through, `NativeCodec` for a Codec body
-whose IDs come from the backend (no verification, no safety policy): framed and written by the
-step, or, for a compressed body, handed as IDs to its writer, which keeps its flush schedule.
+(no verification, no safety policy). Backend IDs checked against the text are framed and
+written by the step, or, for a compressed body, handed as IDs to its writer, which keeps its
+flush schedule; for a retokenized stream the step hands the read's text to the retokenizer.
 What the step counts while it serves (tokens, text bytes, the msgpack-delta base, the bytes and
 gaps of its writes) is *folded* into the Python objects before any of them is used again:
 before a declined read is fed to the body, and before the body is flushed or failed. After a
@@ -62,15 +63,17 @@ class Writes:
 
 
 class NativeBody(Protocol):
-    # The step hands each steady read's IDs (`frame` makes the bytes) instead of bytes to write.
-    hands_ids: bool
+    # The step hands each steady read's IDs or text (`made` makes the bytes) instead of bytes
+    # to write: known once armed.
+    hands: bool
 
     @property
     def hopeless(self) -> bool:
         """The step can never serve this body again (its kind of work needs Python)."""
 
-    def frame(self, ids: tuple[int, ...], now: float) -> bytes:
-        """A steady read's IDs through the body's writer (`hands_ids`): the bytes to send."""
+    def made(self, handed: tuple[int, ...] | str, now: float) -> bytes:
+        """What the step handed for a steady read (`hands`), through the body: the bytes to
+        send."""
 
     def arm(
         self, step: Step, last_write: float, clock: Callable[[], float], bounds: Sequence[float]
@@ -86,9 +89,9 @@ class NativeRelay:
     __slots__ = ()
 
     hopeless = False
-    hands_ids = False
+    hands = False
 
-    def frame(self, ids: tuple[int, ...], now: float) -> bytes:
+    def made(self, handed: tuple[int, ...] | str, now: float) -> bytes:
         raise TypeError("a relayed body's reads are bytes")
 
     def arm(
@@ -105,9 +108,9 @@ class NativeRelay:
 class NativeCodec:
     """A Codec body's reads whose every event is a steady chunk: one frame per read, written
     by the step; or, for a writer with a flush schedule (a compressed body), the read's IDs,
-    framed, merged and compressed by that writer (`hands_ids`)."""
+    framed, merged and compressed by that writer; or, retokenized, the read's text (`hands`)."""
 
-    __slots__ = ("_body", "_chat", "_format", "_guard", "_transcoder", "_vocab", "hands_ids")
+    __slots__ = ("_body", "_chat", "_format", "_guard", "_transcoder", "_vocab", "hands")
 
     def __init__(
         self,
@@ -124,20 +127,26 @@ class NativeCodec:
         self._chat = chat
         self._format = format
         self._vocab = vocab
-        self.hands_ids = not body._writer.plain
+        self.hands = not body._writer.plain
 
     @property
     def hopeless(self) -> bool:
-        source = self._transcoder._source
-        return self._guard.done or isinstance(source, RetokenizedIds)
+        return self._guard.done
 
     def arm(
         self, step: Step, last_write: float, clock: Callable[[], float], bounds: Sequence[float]
     ) -> bool:
         transcoder = self._transcoder
         source = transcoder._source
-        if not isinstance(source, ReportedIds) or not self._steady(transcoder, source):
+        if isinstance(source, RetokenizedIds):
+            retokenized, steady = True, not source._texts
+        elif isinstance(source, ReportedIds):
+            retokenized, steady = False, not source._out and source._ids.steady
+        else:
+            return False  # no output yet: the source is not decided
+        if not steady or not self._steady(transcoder):
             return False
+        self.hands = retokenized or not self._body._writer.plain
         encoder = self._body._writer.encoder
         base = encoder._base if isinstance(encoder, MsgpackDeltaFrameEncoder) else 0
         step.codec(
@@ -149,18 +158,24 @@ class NativeCodec:
             last_write,
             clock,
             bounds,
-            ids_only=self.hands_ids,
+            ids_only=self.hands and not retokenized,
+            text_only=retokenized,
         )
         return True
 
-    def frame(self, ids: tuple[int, ...], now: float) -> bytes:
-        # CodecBody.feed's steady case: the guard passes a non-terminal frame as it is.
-        return self._body._writer.feed([Frame(ids)], now) if ids else b""
+    def made(self, handed: tuple[int, ...] | str, now: float) -> bytes:
+        if isinstance(handed, str):
+            # The retokenizer's IDs for the read's text, as `CodecBody.feed` guards and writes
+            # them (its frames may end the stream: text no token spells).
+            frames = self._guard._guard(self._transcoder.feed_text(handed))
+        else:
+            # CodecBody.feed's steady case: the guard passes a non-terminal frame as it is.
+            frames = [Frame(handed)] if handed else []
+        return self._body._writer.feed(frames, now)
 
-    def _steady(self, transcoder: CodecTranscoder, source: ReportedIds) -> bool:
+    def _steady(self, transcoder: CodecTranscoder) -> bool:
         # What the step assumes of each read: a stream past its first frame with nothing
         # waiting anywhere (codec-spec.md §2: first and last events are the Python path's).
-        ids = source._ids
         sse = transcoder._sse
         return (
             self._body._started
@@ -168,9 +183,6 @@ class NativeCodec:
             and transcoder._outcome is None
             and not transcoder._calls
             and not transcoder._pairs._high
-            and ids._span is None
-            and not ids._pending
-            and not source._out
             and not sse._at_stream_start
             and not sse._skip_lf
             and not sse._partial_line
@@ -187,8 +199,8 @@ class NativeCodec:
             if isinstance(source, ReportedIds):
                 source._ids._base += text_bytes
             encoder = self._body._writer.encoder
-            if tokens and not self.hands_ids and isinstance(encoder, MsgpackDeltaFrameEncoder):
-                encoder._base = base  # the step encoded; with `hands_ids` the writer did
+            if tokens and not self.hands and isinstance(encoder, MsgpackDeltaFrameEncoder):
+                encoder._base = base  # the step encoded; when it `hands` IDs the writer did
         return Writes(bytes_out, counts, total, last)
 
 

@@ -517,18 +517,19 @@ class ResponseStream:
         armed = native.arm(step, self._last_write, self._loop.time, self._gaps.bounds)
         if armed and self._step is None:
             self._step = step
-            self._exchange.steady_to(
-                self._native_ids if native.hands_ids else self._transport_write
-            )
+            self._exchange.steady_to(self._native_made if native.hands else self._transport_write)
 
-    def _native_ids(self, ids: tuple[int, ...]) -> None:
-        """A steady read's IDs from the step, for a body whose writer keeps a flush schedule:
-        what `on_data` does with what the body returns."""
+    def _native_made(self, handed: tuple[int, ...] | str) -> None:
+        """What the step handed for a steady read (a compressed body's IDs, a retokenized
+        stream's text), made into bytes by the body: what `on_data` does with them."""
         native = self._native
         if native is None:
             return
         try:
-            out = native.frame(ids, self._loop.time())
+            out = native.made(handed, self._loop.time())
+            if self._body.done:
+                self._end_whole(out)  # text no token spells: the terminal frame went out
+                return
             if not out:
                 if self._deadline_timer is None:
                     self._arm_deadline()  # frames wait for their flush window

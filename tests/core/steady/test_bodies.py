@@ -16,7 +16,7 @@ from proxy.core.http.versioning import V0_4
 from proxy.core.steady import NATIVE
 from proxy.core.steady.bodies import NativeCodec, NativeRelay, native_body, unspellable_lead_bytes
 from proxy.core.stream.chunks import parse_completion_chunk
-from proxy.core.stream.token_source import ReportedIds
+from proxy.core.stream.token_source import ReportedIds, RetokenizedIds, TokenIdMode
 from proxy.core.stream.transcode import CodecTranscoder
 from proxy.core.verify.map_decoder import MapDecoder
 from proxy.core.wire.frames import encoder_for
@@ -30,13 +30,16 @@ CAPTURE = "vllm-completions-token-ids.txt"
 INF = float("inf")
 
 
-def parts(vocabulary: Vocabulary, coding: str = "identity", fmt: str = "msgpack") -> tuple[
-    CodecTranscoder, StreamGuard, BodyWriter
-]:  # fmt: skip
+def parts(
+    vocabulary: Vocabulary,
+    coding: str = "identity",
+    fmt: str = "msgpack",
+    token_ids: TokenIdMode = "auto",
+) -> tuple[CodecTranscoder, StreamGuard, BodyWriter]:
     transcoder = CodecTranscoder(
         vocabulary.scheme,
         parse_completion_chunk,
-        token_ids="auto",
+        token_ids=token_ids,
         token_bytes=vocabulary.token_bytes,
     )
     flush = IDENTITY_FLUSH if coding == "identity" else FlushConfig(50, 16)
@@ -51,11 +54,11 @@ def test_the_step_serves_relayed_and_backend_id_codec_bodies(
     _, guard, writer = parts(smollm2_vocabulary)
     plain = native_body(CodecBody(guard, writer))
     assert isinstance(plain, NativeCodec)
-    assert not plain.hands_ids  # identity: the step frames and writes
+    assert not plain.hands  # identity: the step frames and writes
     _, guard, writer = parts(smollm2_vocabulary, "gzip")
     compressed = native_body(CodecBody(guard, writer))
     assert isinstance(compressed, NativeCodec)
-    assert compressed.hands_ids  # the writer keeps its flush schedule and compressor
+    assert compressed.hands  # the writer keeps its flush schedule and compressor
 
 
 def test_a_verified_body_is_the_python_paths(smollm2_vocabulary: Vocabulary) -> None:
@@ -82,37 +85,41 @@ def test_the_spelling_mask_agrees_with_the_scheme(smollm2_vocabulary: Vocabulary
 
 
 @pytest.mark.parametrize(
-    ("coding", "fmt"),
-    [("identity", "msgpack"), ("identity", "msgpack-delta"), ("identity", "protobuf"),
-     ("gzip", "msgpack")],
+    ("coding", "fmt", "token_ids"),
+    [("identity", "msgpack", "auto"), ("identity", "msgpack-delta", "auto"),
+     ("identity", "protobuf", "auto"), ("gzip", "msgpack", "auto"),
+     ("identity", "msgpack", "retokenize"), ("gzip", "msgpack-delta", "retokenize")],
 )  # fmt: skip
 def test_steady_reads_through_the_step_fold_back_into_the_body(
-    smollm2_vocabulary: Vocabulary, coding: str, fmt: str
+    smollm2_vocabulary: Vocabulary, coding: str, fmt: str, token_ids: TokenIdMode
 ) -> None:
     events = load_capture(CAPTURE).events
-    reference_parts = parts(smollm2_vocabulary, coding, fmt)
+    reference_parts = parts(smollm2_vocabulary, coding, fmt, token_ids)
     reference = CodecBody(reference_parts[1], reference_parts[2])
     expected = [reference.feed(event, 0.0) for event in events]
     expected.append(reference.flush(0.0))
 
-    transcoder, guard, writer = parts(smollm2_vocabulary, coding, fmt)
+    transcoder, guard, writer = parts(smollm2_vocabulary, coding, fmt, token_ids)
     body = CodecBody(guard, writer)
     binding = native_body(body)
     assert binding is not None
     step = NATIVE.Step()  # type: ignore[union-attr]
-    got = [body.feed(events[0], 0.0)]  # the first frame is the Python path's
+    got, first = [], 0
+    while not body.ready:  # the first frame is the Python path's
+        got.append(body.feed(events[first], 0.0))
+        first += 1
     assert binding.arm(step, 0.0, lambda: 0.0, (INF,))
     handed: list[bytes] = []
-    for event in events[1:-3]:  # the finish, usage and [DONE] are not steady
+    for event in events[first:-3]:  # the finish, usage and [DONE] are not steady
         out = step.feed(b"%x\r\n%b\r\n" % (len(event), event))
-        if binding.hands_ids:
-            assert isinstance(out, tuple)
-            handed.append(binding.frame(out, 0.0))
+        if binding.hands:
+            assert isinstance(out, tuple | str)
+            handed.append(binding.made(out, 0.0))
         else:
             assert isinstance(out, bytes)
             handed.append(out[out.index(b"\r\n") + 2 : -2] if out else b"")
     got += handed
-    assert step.steady_reads == len(events) - 4
+    assert step.steady_reads == len(events) - 3 - first
     binding.fold(step)
     for event in events[-3:]:
         assert step.feed(b"%x\r\n%b\r\n" % (len(event), event)) is None  # declined ...
@@ -123,6 +130,9 @@ def test_steady_reads_through_the_step_fold_back_into_the_body(
     assert guard.outcome == reference.guard.outcome
     assert transcoder.tokens == reference_parts[0].tokens
     source, reference_source = transcoder._source, reference_parts[0]._source
+    if token_ids == "retokenize":
+        assert isinstance(source, RetokenizedIds)
+        return
     assert isinstance(source, ReportedIds)
     assert isinstance(reference_source, ReportedIds)
     assert source._ids._base == reference_source._ids._base
