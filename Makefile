@@ -7,7 +7,8 @@ PORT   ?= 8080
 
 .PHONY: run test test-vllm lint format proto assets bench dictionaries clean
 
-$(STAMP): pyproject.toml
+# setup.py and the C source too: `pip install -e .` builds the native steady path in place.
+$(STAMP): pyproject.toml setup.py proxy/core/steady/_steady.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
 	touch $(STAMP)
@@ -19,11 +20,17 @@ assets: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/codec-proxy embedded --port $(PORT)
 
-## Exactly what CI runs after lint, then test-vllm.
+## Exactly what CI runs after lint, then test-vllm: the whole suite with the native steady path,
+## then the stream, body and data-plane tests on the Python path alone (proxy/core/steady).
+PYTHON_PATH_TESTS := tests/core/stream tests/core/test_bodies.py tests/core/wire \
+  tests/server/test_data_plane.py tests/server/test_passthrough.py \
+  tests/server/test_codec_stream.py tests/server/test_token_ids.py tests/server/test_delta.py \
+  tests/server/test_chat.py tests/server/test_native_paths.py
 test: $(STAMP)
 	$(PY) -m proxy.assets --tests
 	$(PY) -m deploy.tools
 	$(PY) -m pytest -m "not vllm"
+	CODEC_PROXY_NO_EXTENSIONS=1 $(PY) -m pytest -m "not vllm" $(PYTHON_PATH_TESTS)
 
 ## The tests against a real vLLM (tests/vllm/): its CPU build in a virtualenv of its own and
 ## SmolLM2 converted for it, both built once into .cache/vllm/ (about 3.5 GB).

@@ -253,7 +253,12 @@ def run_worker(
 def announcement(settings: Settings, served: ServedModels) -> list[str]:
     """What a serving process prints once it listens: where, and each model's upstreams
     (without their credentials: the console is a log too), tokenizer and map."""
-    lines = [f"codec-proxy {__version__} on http://{settings.host}:{settings.port}"]
+    from proxy.native import DATA_PATH
+
+    lines = [
+        f"codec-proxy {__version__} on http://{settings.host}:{settings.port} "
+        f"(steady reads: {DATA_PATH} path)"
+    ]
     if settings.admin_port is not None:
         lines.append(
             f"  /livez, /readyz, /metrics on http://{settings.host}:{settings.admin_port}; "

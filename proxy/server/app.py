@@ -12,6 +12,7 @@ from proxy.core.compression.dictionaries import ZstdDictionaries
 from proxy.core.endpoints import CHAT, CODEC_REQUEST_PATH, COMPLETIONS
 from proxy.core.maps.discovery import public_origin
 from proxy.core.wire.schema import served_schema
+from proxy.native import DATA_PATH
 from proxy.server.control import local, model_list, well_known
 from proxy.server.control.admin import ADMIN_APP, admin_app
 from proxy.server.control.auth import KeyCheck
@@ -102,6 +103,7 @@ def create_app(
     )
     app[LIVE] = LiveConfig(live)
     app[METRICS] = metrics = metrics or Metrics()
+    metrics.data_path.labels(DATA_PATH).set(1)
     metrics.prepare(model.name for model in served)
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = Readiness()

@@ -1,6 +1,6 @@
 """The core's folders are the pipeline's stages, and imports only run down them.
 
-    errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies
+    errors ← wire ← http ← stream ← maps ← compression ← safety ← guard ← bodies ← steady
        ↖           ↙                     ↖                                    ↙
           backend                           verify ← render ← client
     (http: the upstream body asks each kind of backend in its own field; verify: the published
@@ -44,6 +44,22 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "verify": frozenset({"errors", "shown", "wire", "stream", "maps"}),
     "bodies": frozenset(
         {"errors", "shown", "wire", "http", "stream", "compression", "safety", "guard", "verify"}
+    ),
+    # The native steady path: a body's steady reads in C, folded back into the objects of
+    # the Codec body it serves (its transcoder, guard and writer).
+    "steady": frozenset(
+        {
+            "errors",
+            "shown",
+            "wire",
+            "http",
+            "stream",
+            "compression",
+            "safety",
+            "guard",
+            "verify",
+            "bodies",
+        }
     ),
     "endpoints": frozenset({"errors", "shown", "wire", "http", "stream", "safety"}),
     # Codec frames back to OpenAI JSON: the frame decoder, the published map's bytes (verify's

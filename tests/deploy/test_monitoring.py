@@ -91,6 +91,8 @@ METRICS: dict[str, frozenset[str]] = {
         "codec_proxy_model_ready": "model",
         "codec_proxy_streams_total": "model mode end",
         "codec_proxy_config_reloads_total": "result",
+        "codec_proxy_data_path": "path",
+        "codec_proxy_native_reads_total": "mode",
     }.items()
 }
 TARGET_LABELS = frozenset({"job", "instance"})

@@ -12,7 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from proxy.core.steady import NATIVE
 from proxy.server import create_app
+from proxy.server.data import stream
 from proxy.server.models.drift import DriftMonitor
 from proxy.server.models.served_models import SERVED_MODELS, ServedModel
 from proxy.settings import Settings
@@ -116,3 +118,18 @@ def drift_monitor(client: ProxyClient) -> DriftMonitor:
     monitor = default_model(client).drift
     assert monitor is not None
     return monitor
+
+
+# The paths a steady upstream read can take: the Python body always, the native step when it
+# is built (proxy/core/steady). Tests that use `data_path` run on each, as aiohttp's run on its
+# C and its Python parser.
+DATA_PATHS = ("python", "native") if NATIVE is not None else ("python",)
+
+
+@pytest.fixture(params=DATA_PATHS)
+def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`python`: no stream gets the native step (as with CODEC_PROXY_NO_EXTENSIONS=1)."""
+    path: str = request.param
+    if path == "python":
+        monkeypatch.setattr(stream, "native_body", lambda body: None)
+    return path

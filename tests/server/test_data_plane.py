@@ -21,12 +21,16 @@ from typing import Any
 
 import pytest
 
-from proxy.core.bodies import CodecBody
+from proxy.core.guard import StreamGuard
 from proxy.core.wire.decoder import FrameDecoder
+from proxy.core.wire.frames import Frame
 from tests.fake_upstream import FakeUpstream, Script, load_capture
 from tests.otlp_receiver import OtlpReceiver
 from tests.server.conftest import AiohttpServer, MakeProxy, ProxyClient
 from tests.server.support import post, wait_for
+
+# Each test on the Python path and, when built, the native steady path (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("data_path")
 
 EVENTS = 300
 PACE_SECONDS = 0.003  # apart enough that most events are a read of their own
@@ -283,17 +287,19 @@ async def test_a_bug_in_a_callback_ends_the_stream_with_one_terminal_frame(
     # stream instead ends as an upstream failure does, and says which request it was.
     caplog.set_level(logging.INFO)
     upstream.script = Script(load_capture("llamacpp-completions-sample.txt"), delay=0.01)
-    feed = CodecBody.feed
+    # The guard sees every read's frames, on the Python path (CodecBody.feed) and the native
+    # one (the step's text, retokenized) alike.
+    guard = StreamGuard._guard
     calls = 0
 
-    def failing_feed(self: CodecBody, chunk: bytes, now: float) -> bytes:
+    def failing_guard(self: StreamGuard, frames: list[Frame]) -> list[Frame]:
         nonlocal calls
         calls += 1
         if calls == 5:
             raise RuntimeError("a bug")
-        return feed(self, chunk, now)
+        return guard(self, frames)
 
-    monkeypatch.setattr(CodecBody, "feed", failing_feed)
+    monkeypatch.setattr(StreamGuard, "_guard", failing_guard)
     status, _, raw = await post(
         proxy, "/v1/completions", json={"prompt": "Hi", "stream_format": "msgpack"}
     )

@@ -40,6 +40,7 @@ class BodyWriter:
     __slots__ = (
         "_compressor",
         "_encode",
+        "_encoder",
         "_every_frame",
         "_finished",
         "_merge",
@@ -51,6 +52,7 @@ class BodyWriter:
     def __init__(
         self, encoder: FrameEncoder, compressor: StreamCompressor, config: FlushConfig
     ) -> None:
+        self._encoder = encoder
         self._encode = encoder.encode
         self._compressor = compressor
         self._merge = config.merge
@@ -60,6 +62,15 @@ class BodyWriter:
         self._finished = False  # the compressed stream has been ended (terminal frame sent)
         # Every frame written at once, as encoded: nothing to schedule, merge or compress.
         self._plain = self._every_frame and not self._merge and compressor.coding == IDENTITY
+
+    @property
+    def encoder(self) -> FrameEncoder:
+        return self._encoder
+
+    @property
+    def plain(self) -> bool:
+        """Every frame is written at once, as encoded, with no schedule and no compression."""
+        return self._plain
 
     @property
     def finished(self) -> bool:

@@ -81,6 +81,11 @@ class BackendIds:
         self._span: Retokenizer | None = None
         self.retokenized_spans = 0
 
+    @property
+    def steady(self) -> bool:
+        """Nothing waits: a chunk whose IDs render exactly its text is sent as it is."""
+        return self._span is None and not self._pending
+
     def feed(self, text: str, ids: tuple[int, ...] | None) -> list[int]:
         """One chunk's text and reported IDs (None: the chunk reported none); IDs now final."""
         reported = ids or ()

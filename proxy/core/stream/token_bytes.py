@@ -56,10 +56,12 @@ def _metaspace_bytes(piece: str) -> bytes:
 class TokenBytes:
     """ID -> the bytes it renders as. Built once per tokenizer."""
 
-    __slots__ = ("_table",)
+    __slots__ = ("_table", "native")
 
     def __init__(self, table: Sequence[bytes]) -> None:
         self._table = tuple(table)
+        # The same table in one C array, made by proxy/core/steady on first use.
+        self.native: object | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer, encoder: Encoder) -> TokenBytes:
@@ -72,6 +74,10 @@ class TokenBytes:
             # Added tokens are matched as literal text; special ones are not rendered.
             table[token_id] = b"" if added.special else added.content.encode()
         return cls(table)
+
+    @property
+    def table(self) -> tuple[bytes, ...]:
+        return self._table
 
     @property
     def vocab_size(self) -> int:

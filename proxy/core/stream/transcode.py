@@ -136,15 +136,36 @@ class CodecTranscoder:
                     self._on_chunk(self._parse(event.data), frames)
                     if self.done:
                         return frames
-            if self._source is not None:
-                ids = self._source.take()
-                if ids:
-                    self._emit(frames, Frame(tuple(ids), tool_calls=self._take_calls()))
+            self._take(frames)
         except ProxyError as exc:
             self._terminate(frames, finish.ERROR, error=exc.message)
         except Exception as exc:  # a fault of ours ends the stream all the same (§2)
             self._terminate(frames, finish.ERROR, error=_internal(exc), internal=True)
         return frames
+
+    def feed_text(self, text: str) -> list[Frame]:
+        """What `feed` does with a read whose every event was a plain text chunk (no finish,
+        usage, tool calls or surrogates; every character spellable) in a stream whose IDs are
+        retokenized: the native step (proxy/core/steady) read the events and hands their text."""
+        if self._outcome is not None:
+            return []
+        frames: list[Frame] = []
+        try:
+            if text and self._source is not None:
+                self._source.add(text, None)
+            self._take(frames)
+        except ProxyError as exc:
+            self._terminate(frames, finish.ERROR, error=exc.message)
+        except Exception as exc:
+            self._terminate(frames, finish.ERROR, error=_internal(exc), internal=True)
+        return frames
+
+    def _take(self, frames: list[Frame]) -> None:
+        # Every event of one read leaves in one frame (token_source.py).
+        if self._source is not None:
+            ids = self._source.take()
+            if ids:
+                self._emit(frames, Frame(tuple(ids), tool_calls=self._take_calls()))
 
     def flush(self) -> list[Frame]:
         """The upstream closed its body. Ends the stream if no finish was seen."""

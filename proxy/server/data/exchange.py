@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from multidict import CIMultiDictProxy
 
@@ -32,6 +32,9 @@ from proxy.server.data.upstream_protocol import (
     UpstreamConnectionError,
     proxy_error,
 )
+
+if TYPE_CHECKING:
+    from proxy.core.steady._steady import Step
 
 # After a Codec stream's terminal frame the upstream has its usage chunk and [DONE] left:
 # read them, and the connection is reused instead of closed. Past these, a new connection is
@@ -109,6 +112,17 @@ class Exchange:
 
     def attach(self, sink: BodySink) -> None:
         self._conn.attach(sink)
+
+    @property
+    def steady(self) -> Step | None:
+        """The native step framing the body, once it took over (upstream_protocol.py)."""
+        return self._conn.steady
+
+    def want_native(self) -> None:
+        self._conn.want_native()
+
+    def steady_to(self, write: Callable[[Any], object]) -> None:
+        self._conn.steady_to(write)
 
     def detach(self) -> None:
         """Nothing more is delivered to the sink attached."""

@@ -9,7 +9,11 @@ what each upstream read brings goes
 
 inside the one read callback: no coroutine is resumed and no task switches per event. The
 handler's task waits on one future for the whole stream and wakes once, at its end.
-`ResponseStream`'s docstring has what each event does in each phase.
+`ResponseStream`'s docstring has what each event does in each phase. Once the response has
+started and the body is steady, the native step (proxy/core/steady) takes such a read whole in
+the upstream connection's `data_received` and writes what it makes itself; `on_data` then sees
+only the reads it declines, after its counters are folded back (`_fold`), and arms it again
+(`_arm_native`).
 
 * **Before the response starts** the body is fed until it is `ready` (its status and headers
   can be decided; the first read fed a few KiB at a time so the first frame is not held up by
@@ -39,7 +43,7 @@ import logging
 import time
 from collections.abc import Callable
 from enum import Enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
@@ -47,6 +51,7 @@ from aiohttp.http_writer import StreamWriter
 from proxy.core.bodies import ResponseBody
 from proxy.core.errors import ProxyError
 from proxy.core.http.framing import BodyFramer, Framing
+from proxy.core.steady.bodies import NativeBody, native_body
 from proxy.server.data.client_protocol import ProxyProtocol
 from proxy.server.data.context import StreamContext
 from proxy.server.data.drain import is_shutdown
@@ -54,6 +59,9 @@ from proxy.server.data.exchange import Exchange
 from proxy.server.data.flow import FlowControl
 from proxy.server.data.upstream_protocol import proxy_error
 from proxy.server.telemetry.histograms import LocalHistogram
+
+if TYPE_CHECKING:
+    from proxy.core.steady._steady import Step
 
 log = logging.getLogger("codec_proxy")
 
@@ -162,6 +170,7 @@ class ResponseStream:
         "_gaps",
         "_last_write",
         "_loop",
+        "_native",
         "_passes",
         "_pending_end",
         "_pending_error",
@@ -169,6 +178,7 @@ class ResponseStream:
         "_ready",
         "_rest",
         "_rest_bytes",
+        "_step",
         "_tail",
         "_timed",
         "_transport",
@@ -215,6 +225,9 @@ class ResponseStream:
         self._feed_seconds = 0.0
         self._feeds = 0
         self.bytes_out = 0
+        # The native step's binding to this body (proxy/core/steady), and the step once armed.
+        self._native: NativeBody | None = native_body(body)
+        self._step: Step | None = None
 
     # --- the upstream's body (BodySink) ----------------------------------------------------------
 
@@ -223,7 +236,11 @@ class ResponseStream:
             self._on_data_before_streaming(data)
             return
         # The steady path, once per upstream chunk: kept to one Python frame (the write and its
-        # accounting inline), since it runs for every token of every stream.
+        # accounting inline), since it runs for every token of every stream. With the native
+        # step armed, only the reads it declines come here.
+        native = self._native
+        if native is not None:
+            self._fold()
         try:
             if self._passes:
                 out = data
@@ -259,6 +276,9 @@ class ResponseStream:
             self._failed(failure)
         except Exception as exc:
             self._crashed(exc)
+        finally:
+            if native is not None and self._phase is _Phase.STREAMING:
+                self._arm_native()
 
     def _on_data_before_streaming(self, data: bytes) -> None:
         try:
@@ -278,6 +298,7 @@ class ResponseStream:
             self._crashed(exc)
 
     def on_end(self) -> None:
+        self._fold()
         try:
             phase = self._phase
             if phase is _Phase.STREAMING:
@@ -294,6 +315,7 @@ class ResponseStream:
             self._crashed(exc)
 
     def on_error(self, exc: Exception) -> None:
+        self._fold()
         try:
             phase = self._phase
             if phase is _Phase.STREAMING:
@@ -330,6 +352,11 @@ class ResponseStream:
         """Feed until the body is ready. Raises `UpstreamUnavailable` or `UpstreamTimeout`
         (a clean 502/504: nothing has been sent)."""
         self._exchange.attach(self)
+        native = self._native
+        if native is not None and native.hopeless:
+            self._native = None  # e.g. retokenized: its first read decided so; llhttp's
+        elif native is not None:
+            self._exchange.want_native()
         if self._phase is _Phase.BEFORE:
             self._arm_deadline()
         await self._ready
@@ -431,6 +458,7 @@ class ResponseStream:
         if self._phase is _Phase.ENDED:
             return
         self._exchange.cancel()
+        self._fold()
         ending = self._body.fail("proxy shutting down", self._loop.time())
         self._context.record.outcome = "ended_by_shutdown"
         if ending is None:
@@ -455,6 +483,7 @@ class ResponseStream:
 
     def publish(self, encoding: str) -> None:
         """The stream's accounting, once, at its end."""
+        self._fold()
         context = self._context
         metrics = context.metrics
         context.record.bytes_out += self.bytes_out
@@ -465,6 +494,8 @@ class ResponseStream:
             metrics.overhead.labels(context.mode, context.model).observe(
                 self._feed_seconds / self._feeds
             )
+        if self._step is not None and self._step.steady_reads:
+            metrics.native_reads.labels(context.mode).inc(self._step.steady_reads)
 
     # --- internal --------------------------------------------------------------------------------
 
@@ -505,8 +536,62 @@ class ResponseStream:
             self._end_whole(b"")
         else:
             self._arm_deadline()
+            if self._native is not None:
+                self._arm_native()
             if self._flow.buffering:
                 self._flow.release()
+
+    def _arm_native(self) -> None:
+        """Hand the next reads to the native step if the body is steady now (after its first
+        frame, and again after each read it declined)."""
+        native = self._native
+        if native is None or self._last_write is None or not self._chunked:
+            return  # the step writes chunks; an HTTP/1.0 client or a HEAD answer gets none
+        if native.hopeless:
+            self._fold()
+            self._native = None
+            return
+        step = self._exchange.steady
+        if step is None:
+            return  # not at a chunk boundary yet: after the next read
+        armed = native.arm(step, self._last_write, self._loop.time, self._gaps.bounds)
+        if armed and self._step is None:
+            self._step = step
+            self._exchange.steady_to(self._native_made if native.hands else self._transport_write)
+
+    def _native_made(self, handed: tuple[int, ...] | str) -> None:
+        """What the step handed for a steady read (a compressed body's IDs, a retokenized
+        stream's text), made into bytes by the body: what `on_data` does with them."""
+        native = self._native
+        if native is None:
+            return
+        try:
+            out = native.made(handed, self._loop.time())
+            if self._body.done:
+                self._end_whole(out)  # text no token spells: the terminal frame went out
+                return
+            if not out:
+                if self._deadline_timer is None:
+                    self._arm_deadline()  # frames wait for their flush window
+                return
+            self._transport_write(b"%x\r\n%b\r\n" % (len(out), out))
+            self._accounted(len(out))
+        except ProxyError as failure:
+            self._failed(failure)
+        except Exception as exc:
+            self._crashed(exc)
+
+    def _fold(self) -> None:
+        """What the step wrote and counted, into this stream and its body's objects: before
+        any of them is used again."""
+        native, step = self._native, self._step
+        if native is None or step is None:
+            return
+        writes = native.fold(step)
+        if writes.bytes_out:
+            self.bytes_out += writes.bytes_out
+            self._gaps.add(writes.gap_counts, writes.gap_sum)
+            self._last_write = writes.last_write
 
     def _write(self, data: bytes) -> None:
         """Write body bytes outside the steady path (a flush deadline), framed and accounted
@@ -556,6 +641,7 @@ class ResponseStream:
 
     def _deadline_passed(self) -> None:
         self._deadline_timer = None
+        self._fold()
         try:
             now = self._loop.time()
             if self._phase is _Phase.STREAMING:
@@ -577,6 +663,7 @@ class ResponseStream:
     def _failed(self, failure: ProxyError) -> None:
         """What the body found wrong with the upstream's bytes (a protocol error, a lone
         surrogate, an event too large): an upstream failure, never the proxy's bug."""
+        self._fold()
         try:
             if self._phase is _Phase.STREAMING:
                 self._upstream_failed(failure)
@@ -600,6 +687,7 @@ class ResponseStream:
     def _crashed(self, exc: Exception) -> None:
         """A bug in a callback: logged with the request, and the stream ended the way an
         upstream failure would end it (asyncio would only log it and drop the connection)."""
+        self._fold()
         record = self._context.record
         log.error("stream of request %s failed", record.id, exc_info=exc)
         record.outcome = "internal_error"

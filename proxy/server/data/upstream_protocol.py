@@ -18,6 +18,12 @@ data plane" has it measured). A connection carries one request at a time; the po
 * The body goes to a `BodySink` (`attach`): `on_data` once per read, with the body bytes the
   read brought, `on_end` once, or `on_error` once. What arrives before a sink is attached is
   kept for it.
+* A chunked body whose sink wants it (`want_native`) is taken over at a chunk boundary by the
+  native step (proxy/core/steady): each read is then one C call, whose bytes go straight to
+  the client's transport once the sink armed it for its body (`steady`, `steady_to`); a read it
+  declines goes to the sink as llhttp would have delivered it, and framing it does not plainly
+  handle (an extension, trailers, the last chunk) goes back to llhttp, which is at a chunk
+  boundary as after the head.
 * Reading pauses and resumes on the sink's word (the client's backpressure).
 * Reuse only when the request was written whole, the response was read to its end and both
   sides keep the connection alive (RFC 9112 §9.3); anything else closes it.
@@ -29,7 +35,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -41,6 +47,10 @@ from proxy.core.errors import (
     UpstreamUnavailable,
 )
 from proxy.core.http.response_head import relayed_reason, status_refusal, transfer_coding_refusal
+from proxy.core.steady import NATIVE
+
+if TYPE_CHECKING:
+    from proxy.core.steady._steady import Step
 
 # A head larger than this is an upstream gone wrong, not a response (aiohttp's client allows
 # 8 KiB per field and 32 KiB in all; backends send well under 1 KiB).
@@ -168,6 +178,7 @@ class _State(Enum):
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = (
+        "_at_boundary",
         "_body_until_close",
         "_closed_waiter",
         "_drain",
@@ -179,20 +190,24 @@ class UpstreamConnection(asyncio.Protocol):
         "_headers",
         "_keep_alive",
         "_loop",
+        "_native_wanted",
         "_on_closed",
         "_on_data",
         "_parser",
         "_pending",
+        "_plain_chunked",
         "_read",
         "_reason",
+        "_received",
         "_request_sent",
         "_request_written",
         "_sink",
         "_state",
+        "_steady",
+        "_steady_write",
         "_transport",
         "_write_paused",
         "reading_paused",
-        "received",
         "requests",
     )
 
@@ -221,8 +236,17 @@ class UpstreamConnection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._closed_waiter: asyncio.Future[None] | None = None  # made when someone waits
         self.reading_paused = False
-        self.received = 0  # body bytes of the current response: the idle watchdog reads it
+        self._received = 0  # body bytes llhttp delivered (`received` adds the native step's)
         self.requests = 0  # requests sent on this connection: more than one means reused
+        # The native step (proxy/core/steady): wanted by the sink, possible for this body (one
+        # plain chunked framing), llhttp between two chunks, the step, where it writes.
+        self._native_wanted = False
+        self._plain_chunked = False
+        self._at_boundary = False
+        self._steady: Step | None = None
+        # Where the step's output goes: bytes for the client, or a read's IDs for a body that
+        # frames them itself, as the sink armed it.
+        self._steady_write: Callable[[Any], object] | None = None
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -231,6 +255,21 @@ class UpstreamConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        steady = self._steady
+        if steady is not None:
+            # The steady path, once per read: one C call, and its bytes to the client.
+            try:
+                out = steady.feed(data)
+            except Exception as exc:  # MemoryError is the step's only error
+                self._fail(BadResponse(f"response handling failed: {exc!r}"))
+                return
+            if out is None:
+                self._steady_declined(steady)
+            elif out:
+                write = self._steady_write
+                if write is not None:
+                    write(out)
+            return
         state = self._state
         if state is not _State.BODY:  # the steady state goes straight to the parser
             if state is not _State.HEAD:
@@ -246,6 +285,11 @@ class UpstreamConnection(asyncio.Protocol):
             self._parser_failed(exc)
             return
         self._deliver_read()
+        # llhttp is between two chunks only if nothing of a size line followed the boundary
+        # it last reported: any size line that ends in CRLF is reported as a chunk's header.
+        self._at_boundary = self._at_boundary and data[-2:] == b"\r\n"
+        if self._native_wanted and self._at_boundary:
+            self._take_over()
         if self._state is _State.HEAD and self._head_bytes > MAX_HEAD_BYTES:
             # Reads that still have not completed the head (one read is at most 256 KiB).
             self._fail(BadResponse(f"response head over {MAX_HEAD_BYTES} bytes"))
@@ -338,6 +382,10 @@ class UpstreamConnection(asyncio.Protocol):
             keep_alive=self._keep_alive and not self._body_until_close,
         )
         self._state = _State.BODY
+        # The native step frames only what llhttp would frame as chunked, and nothing else.
+        self._plain_chunked = self._at_boundary = (
+            NATIVE is not None and chunked and not no_body and _plainly_chunked(raw)
+        )
         waiter = self._head_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(head)
@@ -354,8 +402,18 @@ class UpstreamConnection(asyncio.Protocol):
         # is one event; when the proxy falls behind, several, fed, framed and written as one.
         if self._state is not _State.BODY:
             return  # what a HEAD answer's server sent after all: not part of the answer
-        self.received += len(body)
+        self._received += len(body)
         self._read.append(body)
+
+    if NATIVE is not None:
+        # httptools looks these up once, with the parser: without the native step they cost
+        # nothing per chunk.
+
+        def on_chunk_header(self) -> None:
+            self._at_boundary = False
+
+        def on_chunk_complete(self) -> None:
+            self._at_boundary = self._plain_chunked
 
     def on_message_complete(self) -> None:
         if self._state is not _State.BODY:
@@ -380,6 +438,28 @@ class UpstreamConnection(asyncio.Protocol):
         return self._state is _State.DONE
 
     @property
+    def received(self) -> int:
+        """Body bytes of the current response: the idle watchdog reads it."""
+        steady = self._steady
+        return self._received + (steady.received if steady is not None else 0)
+
+    @property
+    def steady(self) -> Step | None:
+        """The native step that frames this body, once it took over."""
+        return self._steady
+
+    def want_native(self) -> None:
+        """The sink has a native binding for its body: take the body over at the first chunk
+        boundary (now, if llhttp is at one)."""
+        self._native_wanted = True
+        if self._at_boundary:
+            self._take_over()
+
+    def steady_to(self, write: Callable[[Any], object]) -> None:
+        """Where the step's bytes go, for the sink attached (armed by it)."""
+        self._steady_write = write
+
+    @property
     def reusable(self) -> bool:
         return self._state is _State.DONE and self._keep_alive and self._request_written
 
@@ -398,7 +478,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._read.clear()
         self._ended = False
         self._error = None
-        self.received = 0
+        self._received = 0
+        self._steady = None
+        self._native_wanted = self._plain_chunked = self._at_boundary = False
         waiter = self._head_waiter = self._loop.create_future()
         transport = self._transport
         # A closing transport drops what it is given: then nothing of the request went out.
@@ -474,6 +556,7 @@ class UpstreamConnection(asyncio.Protocol):
         """The response was read to its end and the connection goes back to the pool."""
         self._state = _State.IDLE
         self._set_sink(None)
+        self._drop_steady()
         self.resume_reading()  # idle: a close by the upstream must be seen
 
     # --- internal --------------------------------------------------------------------------------
@@ -521,6 +604,38 @@ class UpstreamConnection(asyncio.Protocol):
     def _set_sink(self, sink: BodySink | None) -> None:
         self._sink = sink
         self._on_data = None if sink is None else sink.on_data
+        # The step's bytes were for the sink that armed it; another one gets them declined.
+        if self._steady is not None:
+            self._steady.stop()
+        self._steady_write = None
+
+    def _take_over(self) -> None:
+        if self._state is _State.BODY and self._steady is None and NATIVE is not None:
+            self._steady = NATIVE.Step()
+
+    def _drop_steady(self) -> None:
+        steady, self._steady = self._steady, None
+        if steady is not None:
+            self._received += steady.received
+        self._native_wanted = self._at_boundary = False
+
+    def _steady_declined(self, steady: Step) -> None:
+        """A read the step did not take: its body to the sink, as llhttp would have delivered
+        it, and the framing the step left from a chunk boundary on (`rest`) to llhttp."""
+        body, rest = steady.body, steady.rest
+        if body:
+            self._read.append(body)
+        if rest:
+            self._drop_steady()  # llhttp frames the rest of this message
+            try:
+                if steady.malformed:
+                    raise _malformed_chunk_end(rest)
+                self._parser.feed_data(rest)
+            except httptools.HttpParserError as exc:
+                self._deliver_read()
+                self._parser_failed(exc)
+                return
+        self._deliver_read()
 
     def _deliver_end(self) -> None:
         sink = self._sink
@@ -540,3 +655,26 @@ class UpstreamConnection(asyncio.Protocol):
             self._error = exc
         else:
             sink.on_error(exc)
+
+
+def _plainly_chunked(raw: tuple[tuple[bytes, bytes], ...]) -> bool:
+    """One `Transfer-Encoding: chunked` and no `Content-Length`: framing llhttp reads as
+    chunked whatever its leniencies (RFC 9112 §6.1, §6.3)."""
+    codings = [value for name, value in raw if name.lower() == b"transfer-encoding"]
+    lengths = [name for name, _ in raw if name.lower() == b"content-length"]
+    return not lengths and len(codings) == 1 and codings[0].strip().lower() == b"chunked"
+
+
+class _Nothing:
+    """A parser protocol with no callbacks."""
+
+
+def _malformed_chunk_end(rest: bytes) -> httptools.HttpParserError:
+    """llhttp's own error for a chunk's data not followed by CRLF (`rest` starts where it was
+    due): the step found it, llhttp words it."""
+    parser = httptools.HttpResponseParser(_Nothing())
+    try:
+        parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n-" + rest)
+    except httptools.HttpParserError as exc:
+        return exc
+    return httptools.HttpParserError("invalid chunk end")

@@ -35,6 +35,18 @@ class LocalHistogram:
         self._sum += amount
 
     @property
+    def bounds(self) -> tuple[float, ...]:
+        """The buckets' upper bounds, the last +Inf."""
+        return self._bounds
+
+    def add(self, counts: list[int], total: float) -> None:
+        """Observations counted elsewhere by the same buckets (the native step's)."""
+        mine = self._counts
+        for index, count in enumerate(counts):
+            mine[index] += count
+        self._sum += total
+
+    @property
     def count(self) -> int:
         return sum(self._counts)
 

@@ -232,6 +232,22 @@ class Metrics:
             multiprocess_mode="livesum",
         )
 
+        # --- the native steady path (proxy/core/steady; docs/ARCHITECTURE.md) ---
+        self.data_path = Gauge(
+            "codec_proxy_data_path",
+            "1 for the path that serves steady upstream reads: native (the C step) or python "
+            "(CODEC_PROXY_NO_EXTENSIONS=1).",
+            ["path"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.native_reads = Counter(
+            "codec_proxy_native_reads",
+            "Upstream reads the native step turned into client bytes itself, by stream mode.",
+            ["mode"],
+            registry=r,
+        )
+
         # --- rolling Codec out (docs/ROLLOUT.md) ---
         self.codec_requests = Counter(
             "codec_proxy_codec_requests",

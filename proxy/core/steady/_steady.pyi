@@ -1,0 +1,49 @@
+from collections.abc import Callable, Sequence
+from typing import Final
+
+SOURCE_HASH: Final[str]
+
+class Vocab:
+    """Each token ID's bytes in one array, and which bytes start a character no ID spells."""
+
+    def __init__(self, table: Sequence[bytes], unspellable: bytes) -> None: ...
+    @property
+    def size(self) -> int: ...
+
+class Step:
+    """One chunked response body's reads, from a chunk boundary on."""
+
+    def __init__(self) -> None: ...
+    def feed(self, data: bytes) -> bytes | tuple[int, ...] | str | None: ...
+    def relay(
+        self, last_write: float, clock: Callable[[], float], bounds: Sequence[float]
+    ) -> None: ...
+    def codec(
+        self,
+        vocab: Vocab,
+        format: int,
+        chat: bool,
+        max_event: int,
+        base: int,
+        last_write: float,
+        clock: Callable[[], float],
+        bounds: Sequence[float],
+        ids_only: bool = False,
+        text_only: bool = False,
+    ) -> None: ...
+    def stop(self) -> None: ...
+    def fold(self) -> tuple[int, int, int, int, list[int], float, float | None]: ...
+    @property
+    def body(self) -> bytes | None: ...
+    @property
+    def rest(self) -> bytes | None: ...
+    @property
+    def received(self) -> int: ...
+    @property
+    def steady_reads(self) -> int: ...
+    @property
+    def malformed(self) -> bool: ...
+    @property
+    def held(self) -> int: ...
+    @property
+    def output(self) -> int: ...
