@@ -21,9 +21,9 @@ run: $(STAMP)
 	$(VENV)/bin/codec-proxy embedded --port $(PORT)
 
 ## Exactly what CI runs after lint, then test-vllm: the whole suite with the native steady path,
-## then the stream, body and data-plane tests on the Python path alone (proxy/core/steady).
-PYTHON_PATH_TESTS := tests/core/stream tests/core/test_bodies.py tests/core/wire \
-  tests/server/test_data_plane.py tests/server/test_passthrough.py \
+## then the tests that serve streams through the data plane again on the Python path alone
+## (the core's tests do not depend on the switch: proxy/core/steady is the only native code).
+PYTHON_PATH_TESTS := tests/server/test_data_plane.py tests/server/test_passthrough.py \
   tests/server/test_codec_stream.py tests/server/test_token_ids.py tests/server/test_delta.py \
   tests/server/test_chat.py tests/server/test_native_paths.py
 test: $(STAMP)
