@@ -296,8 +296,11 @@ def start_proxy(
     event_loop: str = "auto",
     otlp_port: int | None = None,
     launcher: Sequence[str] = ("-m", "proxy", "serve"),
+    streams: int = 0,
 ) -> tuple[Child, int]:
-    """`launcher`: what runs `codec-proxy serve` with the arguments that follow it."""
+    """`launcher`: what runs `codec-proxy serve` with the arguments that follow it; `streams`:
+    how many run at once, admitted all (as nginx gets connections for all of them), so that
+    a level above the default `max_streams` measures relaying, not 503s."""
     port = free_port()
     args = [
         *launcher,
@@ -310,6 +313,7 @@ def start_proxy(
         "--health-interval", "3600",
         "--verify-sample-rate", str(verify),
         "--event-loop", event_loop,
+        "--max-streams", str(max(1024, streams)),
     ]  # fmt: skip
     env = None
     if otlp_port is not None:
@@ -758,7 +762,13 @@ async def run_scenario(setup: Setup, scenario: Scenario, level: int) -> dict[str
     elif scenario.relay in ("proxy", "proxy-retokenize"):
         mode = "retokenize" if scenario.relay == "proxy-retokenize" else "auto"
         relay, port = start_proxy(
-            setup.upstream_port, setup.gguf, mode, scenario.verify, scenario.event_loop, sink_port
+            setup.upstream_port,
+            setup.gguf,
+            mode,
+            scenario.verify,
+            scenario.event_loop,
+            sink_port,
+            streams=level,
         )
     else:
         port = setup.upstream_port

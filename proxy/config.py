@@ -26,11 +26,13 @@ from typing import Any, Literal
 
 from proxy.core.errors import ConfigError
 from proxy.core.shown import without_credentials
+from proxy.core.steady import ENV_SWITCH
 from proxy.settings import ModelSettings, Option, Settings
 
 ENV_PREFIX = "CODEC_PROXY_"
-# Variables with our prefix that are not settings (proxy/assets.py's download cache).
-_NOT_SETTINGS = frozenset({"CODEC_PROXY_CACHE"})
+# Variables with our prefix that are not settings: proxy/assets.py's download cache, and the
+# switch that leaves the native steady path out (read at build and at import, not a setting).
+_NOT_SETTINGS = frozenset({"CODEC_PROXY_CACHE", ENV_SWITCH})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
