@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.server.test_verification import decoders_built
 from tests.vllm.conftest import SERVED_NAME, Vllm
@@ -46,7 +46,9 @@ async def proxy_for(
 ) -> ProxyClient:
     """The proxy in process in front of vLLM with `vocabulary`'s tokenizer. The drift check at
     start (on unless `changes` say otherwise) tells it from `/v1/models` that vLLM is behind it."""
-    settings = Settings(upstream=(vllm.url,), tokenizer=vocabulary.loaded.source, **changes)
+    settings = pinned_draws.settings(
+        upstream=(vllm.url,), tokenizer=vocabulary.loaded.source, **changes
+    )
     proxy = await client(create_app(settings, vocabulary))
     if settings.verify_sample_rate > 0:
         await decoders_built(proxy)

@@ -19,8 +19,8 @@ from openai import AsyncOpenAI, OpenAI
 
 from proxy.sdk import AsyncCodecTransport, CodecTransport
 from proxy.server import create_app
-from proxy.settings import Settings
 from proxy.tokenizers.vocabulary import Vocabulary
+from tests import pinned_draws
 from tests.server.conftest import AiohttpClient, ProxyClient
 from tests.vllm.conftest import Vllm
 from tests.vllm.support import PINNED, proxy_for
@@ -142,7 +142,7 @@ async def edge(
     index; the inner proxy as deployed in front of vLLM."""
     inner = await proxy_for(vllm_server, vllm_vocabulary, aiohttp_client)
     upstream = str(inner.make_url("")).rstrip("/")
-    settings = Settings(upstream=(upstream,), upstream_protocol="codec")
+    settings = pinned_draws.settings(upstream=(upstream,), upstream_protocol="codec")
     return await aiohttp_client(create_app(settings))
 
 
