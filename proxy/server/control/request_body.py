@@ -33,6 +33,10 @@ async def read_request_body(request: web.Request) -> bytes:
     """The whole body as sent (aiohttp caps it at `client_max_size`: 413 beyond)."""
     timeout = config_of(request).settings.request_timeout
     try:
+        if request.content.is_eof():
+            # The whole body came with the head (most requests): nothing is waited for, so no
+            # timer is armed and cancelled for it.
+            return await request.read()
         async with asyncio.timeout(timeout or None):
             return await request.read()
     except TimeoutError as exc:
