@@ -23,7 +23,8 @@ def gzip(data: bytes) -> bytes:
 def bomb(coding: str, size: int) -> bytes:
     """`size` zero bytes, compressed: kilobytes on the wire."""
     zeros = bytes(size)
-    return gzip(zeros) if coding == "gzip" else brotli.compress(zeros)
+    # Brotli at quality 4 packs them as tightly as at 11 (under 1 KB) in a fortieth of the time.
+    return gzip(zeros) if coding == "gzip" else brotli.compress(zeros, quality=4)
 
 
 @pytest.mark.parametrize("coding", [None, "identity", "gzip", "br"])
