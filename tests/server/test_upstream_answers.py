@@ -191,12 +191,12 @@ async def test_a_late_second_answer_is_the_next_requests_on_a_kept_alive_connect
         upstream=(upstream.url,), health_interval=60, keepalive_timeout=keepalive_timeout
     )
     misdelivered = 0
-    for round_ in range(3):
+    for round_ in range(2):
         for which in ("first", "second"):
             sent = {"prompt": f"{which} of round {round_}"}
             async with proxy.post("/v1/completions", json=sent) as resp:
                 assert resp.status == 200
                 misdelivered += await resp.json() != sent
         await asyncio.sleep(0.6)  # the strays have come and gone
-    assert misdelivered == (3 if keepalive_timeout else 0)
-    assert upstream.connections == (3 if keepalive_timeout else 6)
+    assert misdelivered == (2 if keepalive_timeout else 0)
+    assert upstream.connections == (2 if keepalive_timeout else 4)
