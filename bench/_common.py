@@ -330,6 +330,20 @@ def write_results(path: Path, payload: dict[str, Any]) -> None:
     print(f"\nresults written to {shown}")
 
 
+# A report column: its header and how a result row's value is read.
+Column = tuple[str, Callable[[dict[str, Any]], object]]
+
+
+def times(value: float | None) -> str | None:
+    """A ratio as a table shows it: `1.52x`."""
+    return None if value is None else f"{value:.2f}x"
+
+
+def plus(value: float | None) -> str | None:
+    """A difference as a table shows it: `+0.34`."""
+    return None if value is None else f"{value:+.2f}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table (pastes straight into docs/BENCHMARKS.md); numbers right-aligned."""
     cells = [[_cell(value) for value in row] for row in rows]

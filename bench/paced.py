@@ -78,7 +78,7 @@ import time
 import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -88,12 +88,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (
     ROOT,
     Child,
+    Column,
     bench_cache_dir,
     cleanup_on_exit,
     git_commit,
     loadavg,
     machine_busy_seconds,
     machine_info,
+    plus,
     process_cpu_seconds,
     process_rss_bytes,
     process_schedstat,
@@ -102,6 +104,7 @@ from bench._common import (
     self_cpu_seconds,
     spawn,
     table,
+    times,
     wait_http_ok,
     write_results,
 )
@@ -962,16 +965,6 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
 # --- report ---------------------------------------------------------------------------------
 
 
-def _times(value: float | None) -> str | None:
-    return None if value is None else f"{value:.2f}x"
-
-
-def _plus(value: float | None) -> str | None:
-    return None if value is None else f"{value:+.2f}"
-
-
-Column = tuple[str, Callable[[dict[str, Any]], object]]
-
 COST: list[Column] = [
     ("streams", lambda r: r["level"]),
     ("scenario", lambda r: r["scenario"]),
@@ -979,9 +972,9 @@ COST: list[Column] = [
     ("lost", lambda r: r["lost_tokens"]),
     ("relay µs/token", lambda r: r["relay_cpu_us_per_token"]),
     ("tokens per relay CPU-s", lambda r: r["tokens_per_relay_cpu_second"]),
-    ("CPU x nginx", lambda r: _times(r["cpu_per_token_vs_nginx"])),
+    ("CPU x nginx", lambda r: times(r["cpu_per_token_vs_nginx"])),
     ("B/token", lambda r: r["body_bytes_per_token"]),
-    ("B x direct", lambda r: _times(r["bytes_per_token_vs_direct"])),
+    ("B x direct", lambda r: times(r["bytes_per_token_vs_direct"])),
     ("RSS KiB/stream", lambda r: r["relay_rss_per_stream_kib"]),
     ("client reads/token", lambda r: r["client_reads_per_token"]),
 ]
@@ -990,13 +983,13 @@ LATENCY: list[Column] = [
     ("scenario", lambda r: r["scenario"]),
     ("TTFT p50", lambda r: r["ttft_p50_ms"]),
     ("TTFT p99", lambda r: r["ttft_p99_ms"]),
-    ("+direct p50", lambda r: _plus(r["ttft_p50_added_vs_direct_ms"])),
-    ("+direct p99", lambda r: _plus(r["ttft_p99_added_vs_direct_ms"])),
+    ("+direct p50", lambda r: plus(r["ttft_p50_added_vs_direct_ms"])),
+    ("+direct p99", lambda r: plus(r["ttft_p99_added_vs_direct_ms"])),
     ("delay p50", lambda r: r["delay_p50_ms"]),
     ("delay p99", lambda r: r["delay_p99_ms"]),
     ("delay max", lambda r: r["delay_max_ms"]),
-    ("+direct p99", lambda r: _plus(r["delay_p99_added_vs_direct_ms"])),
-    ("+nginx p99", lambda r: _plus(r["delay_p99_added_vs_nginx_ms"])),
+    ("+direct p99", lambda r: plus(r["delay_p99_added_vs_direct_ms"])),
+    ("+nginx p99", lambda r: plus(r["delay_p99_added_vs_nginx_ms"])),
     ("upstream late p99", lambda r: r["upstream_late_p99_ms"]),
     ("client lag p99", lambda r: r["client_lag_p99_ms"]),
 ]

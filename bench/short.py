@@ -60,14 +60,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     Child,
+    Column,
     bench_cache_dir,
     cleanup_on_exit,
     git_commit,
     loadavg,
     machine_info,
+    plus,
     results_path,
     spawn,
     table,
+    times,
     wait_http_ok,
     write_results,
 )
@@ -399,14 +402,6 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _times(value: float | None) -> str | None:
-    return None if value is None else f"{value:.2f}x"
-
-
-def _plus(value: float | None) -> str | None:
-    return None if value is None else f"{value:+.2f}"
-
-
 def _span(row: dict[str, Any], key: str, shown: Callable[[float], str]) -> str | None:
     span = row[f"{key}_range"]
     if span is None or row["runs"] < 2:
@@ -414,7 +409,6 @@ def _span(row: dict[str, Any], key: str, shown: Callable[[float], str]) -> str |
     return f"{shown(span[0])}–{shown(span[1])}"
 
 
-Column = tuple[str, Callable[[dict[str, Any]], object]]
 COLUMNS: list[Column] = [
     ("workload", lambda r: r["workload"]),
     ("connection", lambda r: r["connection"]),
@@ -423,13 +417,13 @@ COLUMNS: list[Column] = [
     ("failed", lambda r: r["failed"]),
     ("relay µs/request", lambda r: r["relay_us_per_request"]),
     ("requests per relay CPU-s", lambda r: r["requests_per_relay_cpu_second"]),
-    ("x nginx", lambda r: _times(r["cpu_vs_nginx"])),
+    ("x nginx", lambda r: times(r["cpu_vs_nginx"])),
     ("x nginx range", lambda r: _span(r, "cpu_vs_nginx", lambda v: f"{v:.2f}")),
-    ("x bare", lambda r: _times(r["cpu_vs_bare"])),
+    ("x bare", lambda r: times(r["cpu_vs_bare"])),
     ("TTFT p50", lambda r: r["ttft_p50_ms"]),
     ("TTFT p99", lambda r: r["ttft_p99_ms"]),
-    ("added p50", lambda r: _plus(r["ttft_p50_added_ms"])),
-    ("added p99", lambda r: _plus(r["ttft_p99_added_ms"])),
+    ("added p50", lambda r: plus(r["ttft_p50_added_ms"])),
+    ("added p99", lambda r: plus(r["ttft_p99_added_ms"])),
     ("others CPU s", lambda r: r["others_cpu_seconds"]),
 ]
 

@@ -76,6 +76,7 @@ from aiohttp.streams import StreamReader
 
 from bench._common import (
     Child,
+    Column,
     bench_cache_dir,
     cleanup_on_exit,
     git_commit,
@@ -1015,8 +1016,6 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
     return rows
 
-
-Column = tuple[str, Callable[[dict[str, Any]], object]]
 
 SUMMARY: list[Column] = [
     ("streams", lambda r: r["level"]),
